@@ -1,0 +1,73 @@
+// Scaled dot-product attention, forward and backward.
+//
+//   out = dropout(softmax(Q Kᵀ · scale + mask)) V
+//
+// Shapes (row-major, any strides):
+//   query (…, Hq, L, E)   key (…, Hk, S, E)   value (…, Hv, S, Ev)
+//   mask  broadcastable to (…, Hq, L, S)
+// The leading dims ("batch dims", the heads dim included) broadcast against
+// each other as in NumPy. The heads dim (the third from the end) also allows
+// grouped-query attention: when Hk (= Hv) differs from Hq, is not 1, and
+// divides Hq, query head h reads key/value head h / (Hq / Hk), without a copy
+// of K or V. Multi-query attention is the case Hk = 1.
+//
+// Conventions (see docs/design.md):
+//   * mask: boolean (true = may attend) or floating (added to the logits).
+//   * causal: top_left keeps key j for query i when j <= i (PyTorch's
+//     is_causal); bottom_right keeps j <= i + (S - L) (FlashAttention >= 2.1,
+//     decoding with a KV cache). Combined with `mask` by "and".
+//   * A fully masked row has output 0, weights 0, lse = -inf and gradient 0.
+//   * dropout: element (b, i, j) is kept with probability 1 - p by a
+//     counter-based generator keyed by dropout_seed, so backward regenerates
+//     the same pattern without storing it. Kept weights are scaled by 1/(1-p).
+//   * Returned weights are the ones that multiplied V (after dropout), as in
+//     torch.nn.MultiheadAttention.
+#pragma once
+
+#include <optional>
+
+#include "mha/tensor.h"
+
+namespace mha {
+
+enum class Causal : uint8_t { none, top_left, bottom_right };
+
+// Which implementation runs. `automatic` picks by the rule in docs/design.md.
+enum class AttentionPath : uint8_t { automatic, reference };
+
+struct AttentionOptions {
+  Tensor mask;                  // undefined = no mask
+  Causal causal = Causal::none;
+  std::optional<double> scale;  // default 1/sqrt(E); must be finite
+  double dropout_p = 0.0;       // in [0, 1)
+  uint64_t dropout_seed = 0;
+  bool return_weights = false;
+  AttentionPath path = AttentionPath::automatic;
+};
+
+struct AttentionOutput {
+  Tensor out;      // (batch…, L, Ev), query's dtype
+  Tensor lse;      // (batch…, L): log Σ_j exp(logit_ij); float64 for float64 inputs, else float32
+  Tensor weights;  // (batch…, L, S), query's dtype; defined only when requested
+  AttentionPath path = AttentionPath::reference;  // the path that ran
+};
+
+// query, key, value: float32, float64 or bfloat16, all the same dtype.
+// bfloat16 is computed in float32. Saved for backward: out and lse.
+AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                  const AttentionOptions& options = {});
+
+struct AttentionGradients {
+  Tensor dquery, dkey, dvalue;  // shapes and dtypes of query, key, value
+  Tensor dmask;                 // mask's shape; defined when requested for a floating mask
+};
+
+// dout: the gradient of out, shaped like out. `forward` is what
+// attention_forward returned for the same inputs and options.
+// mask_grad: also return the gradient of a floating (additive) mask.
+AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, const Tensor& key,
+                                      const Tensor& value, const AttentionOutput& forward,
+                                      const AttentionOptions& options = {},
+                                      bool mask_grad = false);
+
+}  // namespace mha

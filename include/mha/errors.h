@@ -1,0 +1,36 @@
+// Typed errors raised at the public boundary: every message reads
+// "[mha::function] argument: expected ...; got ...".
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace mha {
+
+// A tensor's shape or rank does not fit the call.
+struct ShapeError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// A tensor's element type is not one the call accepts.
+struct DtypeError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// A scalar argument is out of range (dropout probability, scale, ...).
+struct ValueError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// The call needs a device this build does not have ("not built with CUDA"),
+// or mixes tensors from different devices.
+struct DeviceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A call made in the wrong order (backward before forward, ...).
+struct StateError : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+}  // namespace mha

@@ -1,0 +1,10 @@
+// The whole public API.
+#pragma once
+
+#include "mha/attention.h"
+#include "mha/dtype.h"
+#include "mha/errors.h"
+#include "mha/nn/multihead_attention.h"
+#include "mha/random.h"
+#include "mha/tensor.h"
+#include "mha/version.h"

@@ -1,0 +1,104 @@
+// Multi-head attention with the semantics and parameters of
+// torch.nn.MultiheadAttention.
+//
+//   q = query Wqᵀ + bq,  k = key Wkᵀ + bk,  v = value Wvᵀ + bv
+//   head_h = attention(q_h, k_h, v_h)          (h = 0 … num_heads-1)
+//   output = concat(head_0 … head_{H-1}) Woᵀ + bo
+//
+// Shapes (D = embed_dim; N batch; L target and S source length):
+//   query (L, N, D), key (S, N, kdim), value (S, N, vdim); (N, L, D) … when
+//   batch_first; unbatched (L, D), (S, kdim), (S, vdim).
+//   key_padding_mask (N, S) or (S): bool (true = ignore that key) or float (added).
+//   attn_mask (L, S) or (N·H, L, S): bool (true = NOT allowed, as in torch) or float (added).
+//   output like query; weights (N, L, S) averaged over heads, or (N, H, L, S).
+// Differences from torch are listed in docs/design.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mha/attention.h"
+#include "mha/random.h"
+#include "mha/tensor.h"
+
+namespace mha::nn {
+
+struct MultiheadAttentionConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  double dropout = 0.0;
+  bool bias = true;
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  int64_t kdim = 0;  // 0 = embed_dim
+  int64_t vdim = 0;  // 0 = embed_dim
+  bool batch_first = false;
+  DType dtype = DType::float32;  // float32 or float64
+};
+
+struct MultiheadAttentionInputs {
+  Tensor key_padding_mask;       // undefined = none
+  bool need_weights = true;
+  Tensor attn_mask;              // undefined = none
+  bool average_attn_weights = true;
+  bool is_causal = false;        // adds a top-left causal mask (and-ed with attn_mask)
+};
+
+struct MultiheadAttentionOutput {
+  Tensor output;
+  Tensor weights;  // undefined unless need_weights
+};
+
+struct MultiheadAttentionInputGradients {
+  Tensor dquery, dkey, dvalue;  // for self-attention (one tensor passed three times) add them
+};
+
+// A named parameter and its gradient (same shape, accumulated by backward).
+struct NamedParameter {
+  std::string name;
+  Tensor* value;
+  Tensor* grad;
+};
+
+class MultiheadAttention {
+ public:
+  // Initialised as torch does: Xavier-uniform in-projections, zero biases,
+  // out_proj weight uniform in ±1/sqrt(D), bias_k/bias_v Xavier-normal.
+  MultiheadAttention(const MultiheadAttentionConfig& config, Generator& gen);
+
+  const MultiheadAttentionConfig& config() const { return config_; }
+  int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
+  bool packed_in_proj() const { return packed_; }
+
+  // Torch's names: in_proj_weight or q/k/v_proj_weight, in_proj_bias, bias_k,
+  // bias_v, out_proj.weight, out_proj.bias (those that exist for the config).
+  std::vector<NamedParameter> named_parameters();
+  void zero_grad();
+
+  void train(bool on = true) { training_ = on; }
+  void eval() { training_ = false; }
+  bool is_training() const { return training_; }
+
+  // Saves what backward needs (the last call's inputs and activations).
+  MultiheadAttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const MultiheadAttentionInputs& inputs = {});
+
+  // Gradients of the last forward's inputs; adds into every parameter's grad.
+  MultiheadAttentionInputGradients backward(const Tensor& doutput);
+
+  // Parameters, public so that tests and tools can set them.
+  Tensor in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias;
+  Tensor bias_k, bias_v, out_proj_weight, out_proj_bias;
+  Tensor in_proj_weight_grad, q_proj_weight_grad, k_proj_weight_grad, v_proj_weight_grad,
+      in_proj_bias_grad, bias_k_grad, bias_v_grad, out_proj_weight_grad, out_proj_bias_grad;
+
+ private:
+  struct Saved;
+  MultiheadAttentionConfig config_;
+  bool packed_ = true;
+  bool training_ = true;
+  Generator dropout_gen_;
+  std::shared_ptr<Saved> saved_;
+};
+
+}  // namespace mha::nn

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mha needs to build and test, where missing.
+# Sourced by main.sh and test.sh; safe to run again.
+set -euo pipefail
+
+MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev)
+
+mha_missing_packages() {
+  local missing=() p
+  for p in "${MHA_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  echo "${missing[@]:-}"
+}
+
+mha_setup() {
+  local missing
+  missing=$(mha_missing_packages)
+  [ -z "$missing" ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "mha: installing Debian packages: $missing" >&2
+  $sudo apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+# Configures and builds one build folder: mha_build DIR [cmake options...]
+mha_build() {
+  local dir=$1
+  shift
+  cmake -S "$MHA_ROOT" -B "$MHA_ROOT/$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$MHA_ROOT/$dir" -j"$(nproc)"
+}
+
+MHA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mha_setup

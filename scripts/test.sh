@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Every test: install what is missing, build in Release and run the suite,
+# then build with AddressSanitizer + UndefinedBehaviorSanitizer and run it again.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+start=$(date +%s)
+
+echo "== Release build and tests"
+mha_build build -DMHA_BUILD_TESTS=ON >/dev/null
+ctest --test-dir "$MHA_ROOT/build" --output-on-failure -j"$(nproc)"
+
+echo "== ASan + UBSan build and tests"
+mha_build build-sanitize -DMHA_BUILD_TESTS=ON -DMHA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir "$MHA_ROOT/build-sanitize" --output-on-failure -j"$(nproc)" -E install_consumer
+
+echo "== all tests passed in $(( $(date +%s) - start )) s"

@@ -1,0 +1,409 @@
+// MultiheadAttention: projections (BLAS), masks in torch's conventions, and
+// the attention core (mha::attention_forward/backward) per head.
+#include "mha/nn/multihead_attention.h"
+
+#include <cmath>
+
+#include "check.h"
+#include "cpu/gemm.h"
+
+namespace mha::nn {
+
+namespace {
+
+constexpr const char* kCtor = "mha::nn::MultiheadAttention";
+constexpr const char* kForward = "mha::nn::MultiheadAttention::forward";
+constexpr const char* kBackward = "mha::nn::MultiheadAttention::backward";
+
+// Row (n, l) of a sequence tensor, (L, N, X), (N, L, X) when batch_first, or
+// unbatched (L, X), sits at data + n·batch_stride + l·seq_stride.
+struct SeqLayout {
+  int64_t N = 1, L = 0, X = 0, seq_stride = 0, batch_stride = 0;
+};
+
+SeqLayout layout_of(const Shape& shape, bool batch_first) {
+  SeqLayout s;
+  s.X = shape.back();
+  if (shape.size() == 2) {
+    s.L = shape[0], s.seq_stride = s.X;
+  } else if (batch_first) {
+    s.N = shape[0], s.L = shape[1], s.seq_stride = s.X, s.batch_stride = s.L * s.X;
+  } else {
+    s.L = shape[0], s.N = shape[1], s.seq_stride = s.N * s.X, s.batch_stride = s.X;
+  }
+  return s;
+}
+
+// y_n = x_n Wᵀ + b for each batch entry n; y is (N, L, D) contiguous.
+template <class T>
+void project(const T* x, const SeqLayout& xs, const T* w, const T* bias, int64_t D, T* y) {
+  for (int64_t n = 0; n < xs.N; ++n) {
+    T* yn = y + n * xs.L * D;
+    if (bias) {
+      for (int64_t l = 0; l < xs.L; ++l)
+        for (int64_t e = 0; e < D; ++e) yn[l * D + e] = bias[e];
+    }
+    cpu::gemm<T>(false, true, xs.L, D, xs.X, T(1), x + n * xs.batch_stride, xs.seq_stride, w, xs.X,
+                 bias ? T(1) : T(0), yn, D);
+  }
+}
+
+// Backward of project for rows [0, L) of dy (N, Ly, D):
+//   dW += Σ_n dy_nᵀ x_n,  db += Σ_n Σ_l dy_n,  dx_n = dy_n W.
+template <class T>
+void project_backward(const T* dy, int64_t Ly, const T* x, const SeqLayout& xs, const T* w, int64_t D,
+                      T* dw, T* dbias, T* dx) {
+  for (int64_t n = 0; n < xs.N; ++n) {
+    const T* dyn = dy + n * Ly * D;
+    cpu::gemm<T>(true, false, D, xs.X, xs.L, T(1), dyn, D, x + n * xs.batch_stride, xs.seq_stride, T(1), dw, xs.X);
+    if (dbias)
+      for (int64_t l = 0; l < xs.L; ++l)
+        for (int64_t e = 0; e < D; ++e) dbias[e] += dyn[l * D + e];
+    cpu::gemm<T>(false, false, xs.L, xs.X, D, T(1), dyn, D, w, xs.X, T(0), dx + n * xs.batch_stride, xs.seq_stride);
+  }
+}
+
+// (N, R, H·hd) contiguous  <->  (N, H, R, hd) view of the same memory.
+Tensor split_heads(const Tensor& t, int64_t H) {
+  return t.view({t.size(0), t.size(1), H, t.size(2) / H}).permute({0, 2, 1, 3});
+}
+
+void check_config(const MultiheadAttentionConfig& c) {
+  if (c.embed_dim <= 0) raise<ValueError>(kCtor, "embed_dim", "> 0", std::to_string(c.embed_dim));
+  if (c.num_heads <= 0) raise<ValueError>(kCtor, "num_heads", "> 0", std::to_string(c.num_heads));
+  if (c.embed_dim % c.num_heads != 0)
+    raise<ValueError>(kCtor, "embed_dim", "a multiple of num_heads = " + std::to_string(c.num_heads),
+                      std::to_string(c.embed_dim));
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    raise<ValueError>(kCtor, "dropout", "a probability in [0, 1)", std::to_string(c.dropout));
+  if (c.kdim < 0) raise<ValueError>(kCtor, "kdim", ">= 0 (0 = embed_dim)", std::to_string(c.kdim));
+  if (c.vdim < 0) raise<ValueError>(kCtor, "vdim", ">= 0 (0 = embed_dim)", std::to_string(c.vdim));
+  if (c.dtype != DType::float32 && c.dtype != DType::float64)
+    raise<DtypeError>(kCtor, "dtype", "float32 or float64", to_string(c.dtype));
+}
+
+Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, Generator& gen, DType dtype) {
+  const double bound = std::sqrt(6.0 / double(fan_in + fan_out));
+  return rand_uniform(shape, gen, -bound, bound, dtype);
+}
+
+}  // namespace
+
+struct MultiheadAttention::Saved {
+  Tensor query, key, value;  // contiguous inputs
+  SeqLayout qs, ks, vs;
+  int64_t S_total = 0;        // S + add_bias_kv + add_zero_attn
+  Tensor q, k, v;             // projections: (N, L, D), (N, S_total, D)
+  Tensor heads;               // (N, L, D): the heads concatenated, input of out_proj
+  AttentionOptions options;
+  AttentionOutput attention;  // out (N, H, L, hd) and lse
+  Shape output_shape;
+};
+
+MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, Generator& gen)
+    : config_(config) {
+  check_config(config_);
+  MultiheadAttentionConfig& c = config_;
+  if (c.kdim == 0) c.kdim = c.embed_dim;
+  if (c.vdim == 0) c.vdim = c.embed_dim;
+  const int64_t D = c.embed_dim;
+  const DType t = c.dtype;
+  packed_ = c.kdim == D && c.vdim == D;
+  if (packed_) {
+    in_proj_weight = xavier_uniform({3 * D, D}, D, 3 * D, gen, t);
+    in_proj_weight_grad = Tensor::zeros({3 * D, D}, t);
+  } else {
+    q_proj_weight = xavier_uniform({D, D}, D, D, gen, t);
+    k_proj_weight = xavier_uniform({D, c.kdim}, c.kdim, D, gen, t);
+    v_proj_weight = xavier_uniform({D, c.vdim}, c.vdim, D, gen, t);
+    q_proj_weight_grad = Tensor::zeros({D, D}, t);
+    k_proj_weight_grad = Tensor::zeros({D, c.kdim}, t);
+    v_proj_weight_grad = Tensor::zeros({D, c.vdim}, t);
+  }
+  if (c.bias) {
+    in_proj_bias = Tensor::zeros({3 * D}, t);
+    in_proj_bias_grad = Tensor::zeros({3 * D}, t);
+  }
+  if (c.add_bias_kv) {  // xavier_normal on (1, 1, D): fan_in = fan_out = D
+    bias_k = randn({1, 1, D}, gen, 0.0, std::sqrt(1.0 / double(D)), t);
+    bias_v = randn({1, 1, D}, gen, 0.0, std::sqrt(1.0 / double(D)), t);
+    bias_k_grad = Tensor::zeros({1, 1, D}, t);
+    bias_v_grad = Tensor::zeros({1, 1, D}, t);
+  }
+  const double bound = 1.0 / std::sqrt(double(D));  // kaiming_uniform(a=√5) of nn.Linear
+  out_proj_weight = rand_uniform({D, D}, gen, -bound, bound, t);
+  out_proj_weight_grad = Tensor::zeros({D, D}, t);
+  if (c.bias) {
+    out_proj_bias = Tensor::zeros({D}, t);
+    out_proj_bias_grad = Tensor::zeros({D}, t);
+  }
+  dropout_gen_ = Generator(gen.next_u64());
+}
+
+std::vector<NamedParameter> MultiheadAttention::named_parameters() {
+  std::vector<NamedParameter> out;
+  auto add = [&](const char* name, Tensor& v, Tensor& g) {
+    if (v.defined()) out.push_back({name, &v, &g});
+  };
+  add("in_proj_weight", in_proj_weight, in_proj_weight_grad);
+  add("q_proj_weight", q_proj_weight, q_proj_weight_grad);
+  add("k_proj_weight", k_proj_weight, k_proj_weight_grad);
+  add("v_proj_weight", v_proj_weight, v_proj_weight_grad);
+  add("in_proj_bias", in_proj_bias, in_proj_bias_grad);
+  add("bias_k", bias_k, bias_k_grad);
+  add("bias_v", bias_v, bias_v_grad);
+  add("out_proj.weight", out_proj_weight, out_proj_weight_grad);
+  add("out_proj.bias", out_proj_bias, out_proj_bias_grad);
+  return out;
+}
+
+void MultiheadAttention::zero_grad() {
+  for (NamedParameter& p : named_parameters()) p.grad->fill_(0.0);
+}
+
+namespace {
+
+// The user's attn_mask and key_padding_mask as one mask for the attention
+// core, shaped (N or 1, H or 1, L or 1, S_total): bool (true = may attend)
+// when both are bool or absent, else additive in `dtype`. Columns added for
+// bias_k / zero attention are always visible.
+Tensor combine_masks(const MultiheadAttentionInputs& in, int64_t N, int64_t H, int64_t L, int64_t S,
+                     int64_t S_total, bool batched, DType dtype) {
+  const Tensor& am = in.attn_mask;
+  const Tensor& kpm = in.key_padding_mask;
+  if (!am.defined() && !kpm.defined()) return {};
+  if (am.defined()) {
+    const bool ok = (am.dim() == 2 && am.shape() == Shape{L, S}) ||
+                    (am.dim() == 3 && am.shape() == Shape{N * H, L, S});
+    if (!ok)
+      raise<ShapeError>(kForward, "attn_mask",
+                        "shape " + shape_string({L, S}) + " or " + shape_string({N * H, L, S}),
+                        shape_string(am.shape()));
+  }
+  if (kpm.defined()) {
+    const Shape want = batched ? Shape{N, S} : Shape{S};
+    if (kpm.shape() != want)
+      raise<ShapeError>(kForward, "key_padding_mask", "shape " + shape_string(want), shape_string(kpm.shape()));
+  }
+  const bool per_head = am.defined() && am.dim() == 3;
+  const int64_t Nm = (per_head || kpm.defined()) ? N : 1, Hm = per_head ? H : 1, Lm = am.defined() ? L : 1;
+  const bool all_bool = (!am.defined() || am.dtype() == DType::boolean) &&
+                        (!kpm.defined() || kpm.dtype() == DType::boolean);
+  const std::vector<double> a = am.defined() ? am.contiguous().to_vector() : std::vector<double>{};
+  const std::vector<double> k = kpm.defined() ? kpm.contiguous().to_vector() : std::vector<double>{};
+  const bool a_bool = am.defined() && am.dtype() == DType::boolean;
+  const bool k_bool = kpm.defined() && kpm.dtype() == DType::boolean;
+  // torch: a true bool entry masks out (-inf); a float entry is added.
+  auto additive = [](double x, bool is_bool) { return is_bool ? (x != 0.0 ? -INFINITY : 0.0) : x; };
+  Tensor mask = Tensor::empty({Nm, Hm, Lm, S_total}, all_bool ? DType::boolean : dtype);
+  std::vector<double> values(size_t(mask.numel()));
+  size_t x = 0;
+  for (int64_t n = 0; n < Nm; ++n)
+    for (int64_t h = 0; h < Hm; ++h)
+      for (int64_t l = 0; l < Lm; ++l)
+        for (int64_t s = 0; s < S_total; ++s, ++x) {
+          double add = 0.0;
+          if (s < S) {
+            if (am.defined()) add += additive(a[size_t(((per_head ? n * H + h : 0) * L + l) * S + s)], a_bool);
+            if (kpm.defined()) add += additive(k[size_t(n * S + s)], k_bool);
+          }
+          values[x] = all_bool ? (add == 0.0 ? 1.0 : 0.0) : add;
+        }
+  return Tensor::from_values(values, mask.shape(), mask.dtype());
+}
+
+void check_input(const Tensor& t, const char* name, int64_t rank, int64_t last, const char* last_name,
+                 DType dtype) {
+  check_defined(t, kForward, name);
+  if (t.dtype() != dtype) raise<DtypeError>(kForward, name, to_string(dtype) + " (the module's dtype)", to_string(t.dtype()));
+  if (t.device() != Device::cpu) raise<DeviceError>(kForward, name, "a cpu tensor", to_string(t.device()));
+  if (t.dim() != rank)
+    raise<ShapeError>(kForward, name, std::to_string(rank) + " dims, like query", shape_string(t.shape()));
+  if (t.size(-1) != last)
+    raise<ShapeError>(kForward, name, std::string("last dim ") + last_name + " = " + std::to_string(last),
+                      shape_string(t.shape()));
+  for (int64_t n : t.shape())
+    if (n == 0) raise<ShapeError>(kForward, name, "non-empty dims", shape_string(t.shape()));
+}
+
+template <class T>
+const T* ptr_or_null(const Tensor& t, int64_t offset = 0) {
+  return t.defined() ? t.data<T>() + offset : nullptr;
+}
+template <class T>
+T* mut_ptr_or_null(Tensor& t, int64_t offset = 0) {
+  return t.defined() ? t.data<T>() + offset : nullptr;
+}
+
+}  // namespace
+
+MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                     const MultiheadAttentionInputs& in) {
+  const MultiheadAttentionConfig& c = config_;
+  const int64_t D = c.embed_dim, H = c.num_heads;
+  check_defined(query, kForward, "query");
+  if (query.dim() != 2 && query.dim() != 3)
+    raise<ShapeError>(kForward, "query", "(L, N, D), (N, L, D) with batch_first, or unbatched (L, D)",
+                      shape_string(query.shape()));
+  const int64_t rank = query.dim();
+  check_input(query, "query", rank, D, "embed_dim", c.dtype);
+  check_input(key, "key", rank, c.kdim, "kdim", c.dtype);
+  check_input(value, "value", rank, c.vdim, "vdim", c.dtype);
+  for (const NamedParameter& p : named_parameters())
+    if (p.value->dtype() != c.dtype || !p.value->is_contiguous() || p.grad->shape() != p.value->shape())
+      raise<StateError>(kForward, p.name, "a contiguous " + to_string(c.dtype) + " parameter shaped like its grad " +
+                        shape_string(p.grad->shape()), describe(*p.value));
+
+  auto saved = std::make_shared<Saved>();
+  Saved& s = *saved;
+  s.query = query.contiguous(), s.key = key.contiguous(), s.value = value.contiguous();
+  s.qs = layout_of(query.shape(), c.batch_first);
+  s.ks = layout_of(key.shape(), c.batch_first);
+  s.vs = layout_of(value.shape(), c.batch_first);
+  const int64_t N = s.qs.N, L = s.qs.L, S = s.ks.L;
+  if (s.ks.N != N) raise<ShapeError>(kForward, "key", "batch size " + std::to_string(N) + " (query's)", shape_string(key.shape()));
+  if (s.vs.N != N) raise<ShapeError>(kForward, "value", "batch size " + std::to_string(N) + " (query's)", shape_string(value.shape()));
+  if (s.vs.L != S) raise<ShapeError>(kForward, "value", "sequence length " + std::to_string(S) + " (key's)", shape_string(value.shape()));
+  s.S_total = S + (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
+
+  s.options.mask = combine_masks(in, N, H, L, S, s.S_total, rank == 3, c.dtype);
+  s.options.causal = in.is_causal ? Causal::top_left : Causal::none;
+  s.options.return_weights = in.need_weights;
+  if (training_ && c.dropout > 0) {
+    s.options.dropout_p = c.dropout;
+    s.options.dropout_seed = dropout_gen_.next_u64();
+  }
+
+  s.q = Tensor::empty({N, L, D}, c.dtype);
+  s.k = Tensor::zeros({N, s.S_total, D}, c.dtype);
+  s.v = Tensor::zeros({N, s.S_total, D}, c.dtype);
+  s.heads = Tensor::empty({N, L, D}, c.dtype);
+  s.output_shape = query.shape();
+  Tensor output = Tensor::empty(s.output_shape, c.dtype);
+
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* wq = packed_ ? in_proj_weight.data<T>() : q_proj_weight.data<T>();
+    const T* wk = packed_ ? in_proj_weight.data<T>() + D * D : k_proj_weight.data<T>();
+    const T* wv = packed_ ? in_proj_weight.data<T>() + 2 * D * D : v_proj_weight.data<T>();
+    const T* b = ptr_or_null<T>(in_proj_bias);
+    project<T>(s.query.data<T>(), s.qs, wq, b, D, s.q.data<T>());
+    // k and v hold S_total rows per batch entry: project each entry's S rows,
+    // then bias_k / bias_v, then the zero row (already zero).
+    for (int64_t n = 0; n < N; ++n) {
+      SeqLayout one = s.ks;
+      one.N = 1;
+      project<T>(s.key.data<T>() + n * s.ks.batch_stride, one, wk, b ? b + D : nullptr, D, s.k.data<T>() + n * s.S_total * D);
+      one = s.vs;
+      one.N = 1;
+      project<T>(s.value.data<T>() + n * s.vs.batch_stride, one, wv, b ? b + 2 * D : nullptr, D, s.v.data<T>() + n * s.S_total * D);
+      if (c.add_bias_kv)
+        for (int64_t e = 0; e < D; ++e) {
+          s.k.data<T>()[(n * s.S_total + S) * D + e] = bias_k.data<T>()[e];
+          s.v.data<T>()[(n * s.S_total + S) * D + e] = bias_v.data<T>()[e];
+        }
+    }
+    s.attention = attention_forward(split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), s.options);
+    split_heads(s.heads, H).copy_(s.attention.out);
+    const SeqLayout os = layout_of(s.output_shape, c.batch_first);
+    const T* bo = ptr_or_null<T>(out_proj_bias);
+    for (int64_t n = 0; n < N; ++n) {
+      T* yn = output.data<T>() + n * os.batch_stride;
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t e = 0; e < D; ++e) yn[l * os.seq_stride + e] = bo ? bo[e] : T(0);
+      cpu::gemm<T>(false, true, L, D, D, T(1), s.heads.data<T>() + n * L * D, D, out_proj_weight.data<T>(), D, T(1),
+                   yn, os.seq_stride);
+    }
+  };
+  if (c.dtype == DType::float64) run(double{});
+  else run(float{});
+
+  MultiheadAttentionOutput result;
+  result.output = output;
+  if (in.need_weights) {
+    Tensor w = s.attention.weights;  // (N, H, L, S_total)
+    if (in.average_attn_weights) {
+      Tensor avg = Tensor::zeros({N, L, s.S_total}, DType::float64);
+      double* a = avg.data<double>();
+      const std::vector<double> all = w.to_vector();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t x = 0; x < L * s.S_total; ++x) a[n * L * s.S_total + x] += all[size_t((n * H + h) * L * s.S_total + x)] / double(H);
+      w = avg.to(c.dtype);
+    }
+    result.weights = rank == 2 ? w.select(0, 0) : w;
+  }
+  saved_ = std::move(saved);
+  return result;
+}
+
+MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& doutput) {
+  if (!saved_) throw StateError(std::string("[") + kBackward + "] state: expected a forward call first; got none");
+  Saved& s = *saved_;
+  const MultiheadAttentionConfig& c = config_;
+  const int64_t D = c.embed_dim, H = c.num_heads, N = s.qs.N, L = s.qs.L, S = s.ks.L;
+  check_defined(doutput, kBackward, "doutput");
+  if (doutput.shape() != s.output_shape)
+    raise<ShapeError>(kBackward, "doutput", "the output's shape " + shape_string(s.output_shape), shape_string(doutput.shape()));
+  if (doutput.dtype() != c.dtype) raise<DtypeError>(kBackward, "doutput", to_string(c.dtype), to_string(doutput.dtype()));
+  const Tensor dy = doutput.contiguous();
+  MultiheadAttentionInputGradients g;
+  g.dquery = Tensor::empty(s.query.shape(), c.dtype);
+  g.dkey = Tensor::empty(s.key.shape(), c.dtype);
+  g.dvalue = Tensor::empty(s.value.shape(), c.dtype);
+
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const SeqLayout os = layout_of(s.output_shape, c.batch_first);
+    // out_proj: y_n = heads_n Woᵀ + bo.
+    Tensor dheads = Tensor::empty({N, L, D}, c.dtype);
+    T* dbo = mut_ptr_or_null<T>(out_proj_bias_grad);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* dyn = dy.data<T>() + n * os.batch_stride;
+      cpu::gemm<T>(false, false, L, D, D, T(1), dyn, os.seq_stride, out_proj_weight.data<T>(), D, T(0),
+                   dheads.data<T>() + n * L * D, D);
+      cpu::gemm<T>(true, false, D, D, L, T(1), dyn, os.seq_stride, s.heads.data<T>() + n * L * D, D, T(1),
+                   out_proj_weight_grad.data<T>(), D);
+      if (dbo)
+        for (int64_t l = 0; l < L; ++l)
+          for (int64_t e = 0; e < D; ++e) dbo[e] += dyn[l * os.seq_stride + e];
+    }
+    const AttentionGradients ag = attention_backward(split_heads(dheads, H), split_heads(s.q, H), split_heads(s.k, H),
+                                                     split_heads(s.v, H), s.attention, s.options);
+    Tensor dq = Tensor::empty({N, L, D}, c.dtype), dk = Tensor::empty({N, s.S_total, D}, c.dtype),
+           dv = Tensor::empty({N, s.S_total, D}, c.dtype);
+    split_heads(dq, H).copy_(ag.dquery);
+    split_heads(dk, H).copy_(ag.dkey);
+    split_heads(dv, H).copy_(ag.dvalue);
+    if (c.add_bias_kv)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t e = 0; e < D; ++e) {
+          bias_k_grad.data<T>()[e] += dk.data<T>()[(n * s.S_total + S) * D + e];
+          bias_v_grad.data<T>()[e] += dv.data<T>()[(n * s.S_total + S) * D + e];
+        }
+    T* dw = packed_ ? in_proj_weight_grad.data<T>() : nullptr;
+    const T* w = packed_ ? in_proj_weight.data<T>() : nullptr;
+    T* db = mut_ptr_or_null<T>(in_proj_bias_grad);
+    project_backward<T>(dq.data<T>(), L, s.query.data<T>(), s.qs, packed_ ? w : q_proj_weight.data<T>(), D,
+                        packed_ ? dw : q_proj_weight_grad.data<T>(), db, g.dquery.data<T>());
+    for (int64_t n = 0; n < N; ++n) {
+      SeqLayout one = s.ks;
+      one.N = 1;
+      project_backward<T>(dk.data<T>() + n * s.S_total * D, s.S_total, s.key.data<T>() + n * s.ks.batch_stride, one,
+                          packed_ ? w + D * D : k_proj_weight.data<T>(), D,
+                          packed_ ? dw + D * D : k_proj_weight_grad.data<T>(), db ? db + D : nullptr,
+                          g.dkey.data<T>() + n * s.ks.batch_stride);
+      one = s.vs;
+      one.N = 1;
+      project_backward<T>(dv.data<T>() + n * s.S_total * D, s.S_total, s.value.data<T>() + n * s.vs.batch_stride, one,
+                          packed_ ? w + 2 * D * D : v_proj_weight.data<T>(), D,
+                          packed_ ? dw + 2 * D * D : v_proj_weight_grad.data<T>(), db ? db + 2 * D : nullptr,
+                          g.dvalue.data<T>() + n * s.vs.batch_stride);
+    }
+  };
+  if (c.dtype == DType::float64) run(double{});
+  else run(float{});
+  return g;
+}
+
+}  // namespace mha::nn

@@ -1,0 +1,28 @@
+// Storage: one allocation on one device, freed by its backend.
+#pragma once
+
+#include <cstddef>
+
+#include "backend.h"
+
+namespace mha {
+
+class Storage {
+ public:
+  Storage(size_t bytes, Device device, const char* fn)
+      : bytes_(bytes), device_(device), ptr_(backend_for(device, fn).allocate(bytes, fn)) {}
+  ~Storage() { backend_for(device_, "mha::Storage").deallocate(ptr_); }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  size_t bytes_;
+  Device device_;
+  void* ptr_;
+};
+
+}  // namespace mha

@@ -1,0 +1,134 @@
+// Tensor: views, copies, dtypes, alignment and the random generator.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "mha/mha.h"
+
+using namespace mha;
+
+TEST(Tensor, FactoriesAndShape) {
+  Tensor t = Tensor::zeros({2, 3, 4});
+  EXPECT_EQ(t.dim(), 3);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_EQ(t.strides(), (Shape{12, 4, 1}));
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.item({1, 2, 3}), 0.0);
+  Tensor f = Tensor::full({2}, 2.5, DType::float64);
+  EXPECT_EQ(f.to_vector(), (std::vector<double>{2.5, 2.5}));
+}
+
+TEST(Tensor, AllocationIs64ByteAligned) {
+  for (int64_t n : {1, 3, 17, 1000}) {
+    Tensor t = Tensor::empty({n}, DType::bfloat16);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % 64, 0u);
+  }
+}
+
+TEST(Tensor, TransposeSliceSelectViewsShareStorage) {
+  std::vector<double> v(12);
+  for (int i = 0; i < 12; ++i) v[size_t(i)] = i;
+  Tensor t = Tensor::from_values(v, {3, 4}, DType::float64);
+  Tensor tt = t.transpose(0, 1);
+  EXPECT_EQ(tt.shape(), (Shape{4, 3}));
+  EXPECT_FALSE(tt.is_contiguous());
+  EXPECT_EQ(tt.item({3, 2}), 11.0);
+  Tensor s = t.slice(1, 1, 4, 2);  // columns 1, 3
+  EXPECT_EQ(s.shape(), (Shape{3, 2}));
+  EXPECT_EQ(s.to_vector(), (std::vector<double>{1, 3, 5, 7, 9, 11}));
+  Tensor row = t.select(0, -1);
+  EXPECT_EQ(row.to_vector(), (std::vector<double>{8, 9, 10, 11}));
+  row.set_item({0}, 100.0);
+  EXPECT_EQ(t.item({2, 0}), 100.0);  // a view writes through
+  Tensor c = tt.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to_vector(), tt.to_vector());
+  c.set_item({0, 0}, -1.0);
+  EXPECT_EQ(t.item({0, 0}), 0.0);  // contiguous() of a non-contiguous view copies
+}
+
+TEST(Tensor, ReshapeViewPermuteExpand) {
+  Tensor t = Tensor::from_values(std::vector<double>{0, 1, 2, 3, 4, 5}, {2, 3}, DType::float32);
+  EXPECT_EQ(t.view({3, -1}).shape(), (Shape{3, 2}));
+  EXPECT_THROW(t.transpose(0, 1).view({6}), ShapeError);
+  EXPECT_EQ(t.transpose(0, 1).reshape({6}).to_vector(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  Tensor p = t.unsqueeze(0).permute({2, 0, 1});
+  EXPECT_EQ(p.shape(), (Shape{3, 1, 2}));
+  EXPECT_EQ(p.item({2, 0, 1}), 5.0);
+  Tensor e = Tensor::from_values(std::vector<double>{1, 2}, {2, 1}, DType::float32).expand({3, 2, 4});
+  EXPECT_EQ(e.shape(), (Shape{3, 2, 4}));
+  EXPECT_EQ(e.stride(0), 0);
+  EXPECT_EQ(e.item({2, 1, 3}), 2.0);
+  EXPECT_THROW(t.squeeze(0), ShapeError);
+  EXPECT_EQ(t.unsqueeze(1).squeeze(1).shape(), t.shape());
+}
+
+TEST(Tensor, DtypeConversionAndBfloat16Rounding) {
+  Tensor t = Tensor::from_values(std::vector<double>{1.0, 1.00390625, 1.01171875, -3.5e38, 0.1}, {5},
+                                 DType::float32);
+  Tensor b = t.to(DType::bfloat16);
+  std::vector<double> v = b.to_vector();
+  EXPECT_EQ(v[0], 1.0);
+  EXPECT_EQ(v[1], 1.0);         // halfway between 1 and 1+2^-7: ties to even
+  EXPECT_EQ(v[2], 1.015625);    // halfway between 1+2^-7 and 1+2^-6: ties to even (up)
+  EXPECT_TRUE(std::isinf(v[3]));
+  EXPECT_NEAR(v[4], 0.1, 0.001);
+  EXPECT_EQ(bfloat16(NAN).bits & 0x7f80, 0x7f80);
+  EXPECT_TRUE(std::isnan(float(bfloat16(NAN))));
+  Tensor back = b.to(DType::float64);
+  EXPECT_EQ(back.dtype(), DType::float64);
+  EXPECT_EQ(back.item({0}), 1.0);
+  Tensor m = Tensor::from_bools({true, false}, {2});
+  EXPECT_EQ(m.dtype(), DType::boolean);
+  EXPECT_EQ(m.to(DType::float32).to_vector(), (std::vector<double>{1.0, 0.0}));
+}
+
+TEST(Tensor, DataChecksTheElementType) {
+  Tensor t = Tensor::zeros({2});
+  EXPECT_NO_THROW(t.data<float>());
+  EXPECT_THROW(t.data<double>(), DtypeError);
+  EXPECT_THROW(Tensor().data<float>(), ShapeError);
+}
+
+TEST(Tensor, CudaDeviceThrowsNotBuiltWithCuda) {
+  try {
+    Tensor::empty({2}, DType::float32, Device::cuda);
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("not built with CUDA"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Random, StreamsDoNotDependOnThreadCount) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Generator g1(42);
+  std::vector<double> one = randn({1000}, g1).to_vector();
+  omp_set_num_threads(2);
+  Generator g2(42);
+  std::vector<double> two = randn({1000}, g2).to_vector();
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(g1.offset(), g2.offset());
+}
+
+TEST(Random, MomentsAndDistinctStreams) {
+  Generator g(7);
+  std::vector<double> n = randn({20000}, g, 0.0, 1.0, DType::float64).to_vector();
+  double mean = 0, var = 0;
+  for (double x : n) mean += x;
+  mean /= double(n.size());
+  for (double x : n) var += (x - mean) * (x - mean);
+  var /= double(n.size());
+  EXPECT_NEAR(mean, 0.0, 0.03);
+  EXPECT_NEAR(var, 1.0, 0.05);
+  std::vector<double> u = rand_uniform({20000}, g, -2.0, 2.0, DType::float64).to_vector();
+  for (double x : u) ASSERT_TRUE(x >= -2.0 && x < 2.0);
+  std::vector<double> next = randn({20000}, g, 0.0, 1.0, DType::float64).to_vector();
+  EXPECT_NE(n, next);  // the generator advanced
+  Generator same(7);
+  EXPECT_EQ(randn({20000}, same, 0.0, 1.0, DType::float64).to_vector(), n);
+}
