@@ -1,1 +1,137 @@
-#include <gtest/gtest.h>
+// Every bad input raises a typed error, before any work, whose message names
+// the function, the argument, what was expected and what came.
+#include "testing.h"
+
+using namespace mha;
+using namespace mha::testing;
+
+namespace {
+
+// Runs f, expects exception E, and checks that each fragment is in its message.
+template <class E, class F>
+void expect_error(F&& f, std::initializer_list<const char*> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one containing " << *fragments.begin();
+  } catch (const E& e) {
+    const std::string what = e.what();
+    for (const char* frag : fragments) EXPECT_NE(what.find(frag), std::string::npos) << "'" << frag << "' not in: " << what;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+Tensor t(const Shape& s, DType d = DType::float32) { return Tensor::zeros(s, d); }
+
+}  // namespace
+
+TEST(Errors, TypesDeriveFromStandardOnes) {
+  static_assert(std::is_base_of_v<std::invalid_argument, ShapeError>);
+  static_assert(std::is_base_of_v<std::invalid_argument, DtypeError>);
+  static_assert(std::is_base_of_v<std::invalid_argument, ValueError>);
+  static_assert(std::is_base_of_v<std::runtime_error, DeviceError>);
+  static_assert(std::is_base_of_v<std::logic_error, StateError>);
+}
+
+TEST(Errors, AttentionArguments) {
+  const char* fn = "[mha::attention_forward]";
+  Tensor q = t({2, 6, 5, 4}), k = t({2, 6, 7, 4}), v = t({2, 6, 7, 3});
+  expect_error<ShapeError>([&] { attention_forward(Tensor(), k, v); }, {fn, "query", "expected a defined tensor", "undefined"});
+  expect_error<DtypeError>([&] { attention_forward(q, k.to(DType::float64), v); }, {fn, "key", "float32", "got float64"});
+  expect_error<DtypeError>([&] { attention_forward(q.to(DType::boolean), k, v); }, {fn, "query", "got bool"});
+  expect_error<ShapeError>([&] { attention_forward(t({4}), k, v); }, {fn, "query", "at least 2 dims", "got (4,)"});
+  expect_error<ShapeError>([&] { attention_forward(t({2, 6, 0, 4}), k, v); }, {fn, "query", "non-empty", "(2, 6, 0, 4)"});
+  expect_error<ShapeError>([&] { attention_forward(q, t({2, 6, 7, 5}), v); }, {fn, "key", "last dim E = 4", "(2, 6, 7, 5)"});
+  expect_error<ShapeError>([&] { attention_forward(q, k, t({2, 6, 8, 3})); }, {fn, "value", "S = 7", "(2, 6, 8, 3)"});
+  expect_error<ShapeError>([&] { attention_forward(q, t({2, 4, 7, 4}), t({2, 4, 7, 3})); },
+                           {fn, "key has 4 heads; query has 6, which 4 does not divide"});
+  expect_error<ShapeError>([&] { attention_forward(t({3, 6, 5, 4}), k, v); }, {fn, "key", "broadcast", "dim -4: 2 vs 3"});
+  expect_error<ShapeError>([&] { attention_forward(q, k, t({2, 3, 7, 3})); }, {fn, "value", "broadcast with key"});
+  expect_error<ShapeError>([&] { attention_forward(q, k, v, {.mask = t({5, 6})}); },
+                           {fn, "mask", "(…, L, S) = (2, 6, 5, 7)", "got (5, 6)"});
+  expect_error<ShapeError>([&] { attention_forward(q, k, v, {.mask = t({1, 2, 6, 5, 7})}); }, {fn, "mask"});
+  Tensor nan_mask = t({5, 7});
+  nan_mask.set_item({1, 2}, NAN);
+  expect_error<ValueError>([&] { attention_forward(q, k, v, {.mask = nan_mask}); }, {fn, "mask", "finite values or -inf", "NaN"});
+  nan_mask.set_item({1, 2}, INFINITY);
+  expect_error<ValueError>([&] { attention_forward(q, k, v, {.mask = nan_mask}); }, {fn, "mask", "+inf"});
+  for (double p : {1.0, -0.1, double(NAN)})
+    expect_error<ValueError>([&] { attention_forward(q, k, v, {.dropout_p = p}); }, {fn, "dropout_p", "[0, 1)"});
+  for (double s : {double(INFINITY), double(NAN)})
+    expect_error<ValueError>([&] { attention_forward(q, k, v, {.scale = s}); }, {fn, "scale", "finite"});
+}
+
+TEST(Errors, AttentionBackwardArguments) {
+  const char* fn = "[mha::attention_backward]";
+  Tensor q = random_tensor({2, 5, 4}, 1, DType::float32), k = random_tensor({2, 7, 4}, 2, DType::float32),
+         v = random_tensor({2, 7, 3}, 3, DType::float32);
+  Generator g(1);
+  AttentionOptions o{.mask = rand_bool({5, 7}, g, 0.5)};
+  AttentionOutput f = attention_forward(q, k, v, o);
+  Tensor dout = t({2, 5, 3});
+  expect_error<ShapeError>([&] { attention_backward(t({2, 5, 4}), q, k, v, f, o); }, {fn, "dout", "(2, 5, 3)", "(2, 5, 4)"});
+  expect_error<DtypeError>([&] { attention_backward(dout.to(DType::float64), q, k, v, f, o); }, {fn, "dout", "got float64"});
+  expect_error<ValueError>([&] { attention_backward(dout, q, k, v, f, o, true); }, {fn, "mask_grad", "floating", "a bool mask"});
+  expect_error<ValueError>([&] { attention_backward(dout, q, k, v, f, {}, true); }, {fn, "mask_grad", "no mask"});
+  AttentionOutput bad = f;
+  bad.lse = t({2, 4});
+  expect_error<ShapeError>([&] { attention_backward(dout, q, k, v, bad, o); }, {fn, "forward.lse", "(2, 5)"});
+  bad = f;
+  bad.out = Tensor();
+  expect_error<ShapeError>([&] { attention_backward(dout, q, k, v, bad, o); }, {fn, "forward.out", "defined"});
+}
+
+TEST(Errors, CudaIsNotBuilt) {
+  expect_error<DeviceError>([] { Tensor::zeros({2}, DType::float32, Device::cuda); },
+                            {"[mha::Tensor::empty]", "not built with CUDA"});
+}
+
+TEST(Errors, MultiheadAttentionConfig) {
+  const char* fn = "[mha::nn::MultiheadAttention]";
+  Generator g;
+  expect_error<ValueError>([&] { nn::MultiheadAttention({.embed_dim = 10, .num_heads = 3}, g); },
+                           {fn, "embed_dim", "a multiple of num_heads = 3", "got 10"});
+  expect_error<ValueError>([&] { nn::MultiheadAttention({.embed_dim = 0}, g); }, {fn, "embed_dim", "> 0"});
+  expect_error<ValueError>([&] { nn::MultiheadAttention({.embed_dim = 4, .num_heads = 0}, g); }, {fn, "num_heads"});
+  expect_error<ValueError>([&] { nn::MultiheadAttention({.embed_dim = 4, .dropout = 1.0}, g); }, {fn, "dropout", "[0, 1)"});
+  expect_error<ValueError>([&] { nn::MultiheadAttention({.embed_dim = 4, .kdim = -1}, g); }, {fn, "kdim"});
+  expect_error<DtypeError>([&] { nn::MultiheadAttention({.embed_dim = 4, .dtype = DType::bfloat16}, g); },
+                           {fn, "dtype", "float32 or float64", "bfloat16"});
+}
+
+TEST(Errors, MultiheadAttentionForwardAndBackward) {
+  const char* fn = "[mha::nn::MultiheadAttention::forward]";
+  Generator g;
+  nn::MultiheadAttention m({.embed_dim = 4, .num_heads = 2, .kdim = 3}, g);
+  Tensor q = t({5, 2, 4}), k = t({6, 2, 3}), v = t({6, 2, 4});
+  expect_error<StateError>([&] { m.backward(q); }, {"[mha::nn::MultiheadAttention::backward]", "forward call first"});
+  expect_error<ShapeError>([&] { m.forward(t({5, 2, 5}), k, v); }, {fn, "query", "embed_dim = 4", "(5, 2, 5)"});
+  expect_error<ShapeError>([&] { m.forward(q, t({6, 2, 4}), v); }, {fn, "key", "kdim = 3"});
+  expect_error<ShapeError>([&] { m.forward(q, t({6, 3, 3}), t({6, 3, 4})); }, {fn, "key", "batch size 2"});
+  expect_error<ShapeError>([&] { m.forward(q, k, t({7, 2, 4})); }, {fn, "value", "sequence length 6"});
+  expect_error<ShapeError>([&] { m.forward(t({2, 4}), k, v); }, {fn, "key", "2 dims, like query"});
+  expect_error<ShapeError>([&] { m.forward(t({5, 2, 3, 4}), k, v); }, {fn, "query", "(L, N, D)"});
+  expect_error<DtypeError>([&] { m.forward(q.to(DType::float64), k, v); }, {fn, "query", "float32 (the module's dtype)", "float64"});
+  expect_error<ShapeError>([&] { m.forward(q, k, v, {.attn_mask = t({5, 5})}); }, {fn, "attn_mask", "(5, 6)", "(4, 5, 6)", "got (5, 5)"});
+  expect_error<ShapeError>([&] { m.forward(q, k, v, {.key_padding_mask = t({6, 2})}); }, {fn, "key_padding_mask", "(2, 6)"});
+  m.forward(q, k, v);
+  expect_error<ShapeError>([&] { m.backward(t({5, 2, 3})); }, {"[mha::nn::MultiheadAttention::backward]", "doutput", "(5, 2, 4)"});
+  m.out_proj_weight = t({4, 4}, DType::float64);
+  expect_error<StateError>([&] { m.forward(q, k, v); }, {fn, "out_proj.weight", "float32"});
+}
+
+TEST(Errors, TensorArguments) {
+  Tensor x = t({2, 3});
+  expect_error<ShapeError>([&] { x.transpose(0, 1).view({6}); }, {"[mha::Tensor::view]", "contiguous"});
+  expect_error<ShapeError>([&] { x.view({4, 2}); }, {"[mha::Tensor::view]", "6 elements"});
+  expect_error<ShapeError>([&] { Tensor::from_values(std::vector<double>{1, 2}, {3}); }, {"[mha::Tensor::from_values]", "3", "got 2"});
+  expect_error<ShapeError>([&] { x.expand({4, 3}); }, {"[mha::Tensor::expand]", "(2, 3)", "(4, 3)"});
+  expect_error<ValueError>([&] { x.slice(0, 0, 1, 0); }, {"[mha::Tensor::slice]", "step"});
+  expect_error<ShapeError>([&] { x.item({2, 0}); }, {"[mha::Tensor::item]", "out of range"});
+  expect_error<ShapeError>([&] { x.size(2); }, {"[mha::Tensor::size]", "dim", "got 2"});
+  expect_error<ShapeError>([&] { Tensor::empty({-1}); }, {"[mha::Tensor::empty]", ">= 0"});
+  expect_error<ShapeError>([&] { x.copy_(t({3, 2})); }, {"[mha::Tensor::copy_]", "(2, 3)"});
+  Generator g;
+  expect_error<DtypeError>([&] { randn({2}, g, 0, 1, DType::boolean); }, {"[mha::randn]", "floating"});
+  expect_error<ValueError>([&] { rand_uniform({2}, g, 1, 0); }, {"[mha::rand_uniform]", "low <= high"});
+}

@@ -79,6 +79,9 @@ class MultiheadAttention {
   void eval() { training_ = false; }
   bool is_training() const { return training_; }
 
+  // Draws each training forward's dropout seed; set its state to replay one.
+  Generator& dropout_generator() { return dropout_gen_; }
+
   // Saves what backward needs (the last call's inputs and activations).
   MultiheadAttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const MultiheadAttentionInputs& inputs = {});
