@@ -27,7 +27,8 @@ int main() {
   std::cout << "y " << mha::shape_string(y.shape()) << ", weights " << mha::shape_string(weights.shape())
             << ", dquery " << mha::shape_string(input_grads.dquery.shape()) << "\n";
   try {
-    mha::attention_forward(q, mha::randn({2, 3, 128, 64}, gen), v);
+    mha::Tensor k3 = mha::randn({2, 3, 128, 64}, gen);  // 3 heads do not divide 8
+    mha::attention_forward(q, k3, k3);
   } catch (const mha::ShapeError& e) {
     std::cout << "error: " << e.what() << "\n";
   }
