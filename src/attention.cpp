@@ -152,8 +152,27 @@ AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
   p.dropout_p = o.dropout_p;
   p.dropout_seed = o.dropout_seed;
   p.causal = o.causal;
+  if (o.window_left < -1) raise<ValueError>(fn, "window_left", ">= 0, or -1 for unbounded", std::to_string(o.window_left));
+  if (o.window_right < -1) raise<ValueError>(fn, "window_right", ">= 0, or -1 for unbounded", std::to_string(o.window_right));
+  // One band for causal and window: i + lo_shift <= j < i + hi_shift.
+  const int64_t unbounded = int64_t(1) << 40, diagonal = p.S - p.L;
+  p.lo_shift = o.window_left >= 0 ? diagonal - o.window_left : -unbounded;
+  p.hi_shift = o.window_right >= 0 ? diagonal + o.window_right + 1 : unbounded;
+  if (o.causal == Causal::top_left) p.hi_shift = std::min<int64_t>(p.hi_shift, 1);
+  if (o.causal == Causal::bottom_right) p.hi_shift = std::min<int64_t>(p.hi_shift, diagonal + 1);
   p.return_weights = o.return_weights;
   return p;
+}
+
+// The documented rule: fused for float32 and bfloat16 unless a mask gradient
+// is wanted; reference otherwise. A forced path must be able to run.
+AttentionPath choose_path(const AttentionParams& p, AttentionPath requested, bool mask_grad, const std::string& fn) {
+  const bool fused_ok = p.dtype != DType::float64 && !mask_grad;
+  if (requested == AttentionPath::fused && !fused_ok)
+    raise<ValueError>(fn, "path", "float32 or bfloat16 inputs and no mask gradient for the fused path",
+                      mask_grad ? std::string("mask_grad = true") : to_string(p.dtype) + " inputs");
+  if (requested == AttentionPath::automatic) return fused_ok ? AttentionPath::fused : AttentionPath::reference;
+  return requested;
 }
 
 Shape with_tail(Shape s, std::initializer_list<int64_t> tail) {
@@ -163,15 +182,25 @@ Shape with_tail(Shape s, std::initializer_list<int64_t> tail) {
 
 }  // namespace
 
+std::string to_string(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::automatic: return "automatic";
+    case AttentionPath::reference: return "reference";
+    case AttentionPath::fused: return "fused";
+  }
+  return "?";
+}
+
 AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                   const AttentionOptions& options) {
   const std::string fn = "mha::attention_forward";
   AttentionParams p = make_params(query, key, value, options, fn);
+  p.path = choose_path(p, options.path, false, fn);
   AttentionOutput r;
   r.out = Tensor::empty(with_tail(p.batch_shape, {p.L, p.Ev}), p.dtype, query.device());
   r.lse = Tensor::empty(with_tail(p.batch_shape, {p.L}), p.compute, query.device());
   if (p.return_weights) r.weights = Tensor::empty(with_tail(p.batch_shape, {p.L, p.S}), p.dtype, query.device());
-  r.path = AttentionPath::reference;
+  r.path = p.path;
   backend_for(query.device(), fn.c_str()).attention_forward(p, r);
   return r;
 }
@@ -202,6 +231,7 @@ AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, c
   if (mask_grad && (!options.mask.defined() || p.mask_from_bool))
     raise<ValueError>(fn, "mask_grad", "a floating (additive) mask in options.mask",
                       options.mask.defined() ? "a bool mask" : "no mask");
+  p.path = choose_path(p, options.path, mask_grad, fn);
   AttentionGradients g;
   g.dquery = Tensor::empty(query.shape(), p.dtype, query.device());
   g.dkey = Tensor::empty(key.shape(), p.dtype, query.device());

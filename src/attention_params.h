@@ -33,16 +33,19 @@ struct AttentionParams {
 
   double scale = 1.0;
   Causal causal = Causal::none;
+  // Causal and window rules as one band: key j is visible to query i iff
+  // i + lo_shift <= j < i + hi_shift (and 0 <= j < S).
+  int64_t lo_shift = 0, hi_shift = 0;
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
   bool return_weights = false;
 
-  // Keys visible to query row i under the causal rule: j < causal_end(i).
-  int64_t causal_end(int64_t i) const {
-    if (causal == Causal::none) return S;
-    int64_t end = i + 1 + (causal == Causal::bottom_right ? S - L : 0);
-    return end < 0 ? 0 : (end > S ? S : end);
-  }
+  AttentionPath path = AttentionPath::reference;  // the path chosen to run
+
+  // Keys that query row i may see by the band: key_begin(i) <= j < key_end(i).
+  int64_t key_begin(int64_t i) const { return clamp(i + lo_shift); }
+  int64_t key_end(int64_t i) const { return clamp(i + hi_shift); }
+  int64_t clamp(int64_t j) const { return j < 0 ? 0 : (j > S ? S : j); }
 };
 
 // Offsets of each output batch entry into a tensor whose leading dims are

@@ -16,6 +16,9 @@
 //   * causal: top_left keeps key j for query i when j <= i (PyTorch's
 //     is_causal); bottom_right keeps j <= i + (S - L) (FlashAttention >= 2.1,
 //     decoding with a KV cache). Combined with `mask` by "and".
+//   * window (local attention, as FlashAttention's window_size): keeps
+//     i + (S - L) - window_left <= j <= i + (S - L) + window_right; -1 leaves
+//     that side unbounded. Combined with the mask and causal by "and".
 //   * A fully masked row has output 0, weights 0, lse = -inf and gradient 0.
 //   * dropout: element (b, i, j) is kept with probability 1 - p by a
 //     counter-based generator keyed by dropout_seed, so backward regenerates
@@ -25,6 +28,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "mha/tensor.h"
 
@@ -32,12 +36,18 @@ namespace mha {
 
 enum class Causal : uint8_t { none, top_left, bottom_right };
 
-// Which implementation runs. `automatic` picks by the rule in docs/design.md.
-enum class AttentionPath : uint8_t { automatic, reference };
+// Which implementation runs. `automatic` picks by the rule in docs/design.md:
+// fused for float32 and bfloat16 unless a mask gradient is requested;
+// reference (plain loops, the ground truth) otherwise.
+enum class AttentionPath : uint8_t { automatic, reference, fused };
+
+std::string to_string(AttentionPath path);
 
 struct AttentionOptions {
   Tensor mask;                  // undefined = no mask
   Causal causal = Causal::none;
+  int64_t window_left = -1;     // -1 = unbounded
+  int64_t window_right = -1;    // -1 = unbounded
   std::optional<double> scale;  // default 1/sqrt(E); must be finite
   double dropout_p = 0.0;       // in [0, 1)
   uint64_t dropout_seed = 0;

@@ -3,6 +3,7 @@
 #include <new>
 
 #include "backend.h"
+#include "cpu/flash/dispatch.h"
 #include "cpu/reference/attention.h"
 
 namespace mha {
@@ -20,11 +21,13 @@ struct CpuBackend final : Backend {
   void deallocate(void* ptr) override { std::free(ptr); }
 
   void attention_forward(const AttentionParams& p, AttentionOutput& r) override {
-    cpu::reference_attention_forward(p, r);
+    if (p.path == AttentionPath::fused) cpu::flash_attention_forward(p, r);
+    else cpu::reference_attention_forward(p, r);
   }
   void attention_backward(const AttentionParams& p, const Tensor& dout, const AttentionOutput& fwd,
                           AttentionGradients& g) override {
-    cpu::reference_attention_backward(p, dout, fwd, g);
+    if (p.path == AttentionPath::fused) cpu::flash_attention_backward(p, dout, fwd, g);
+    else cpu::reference_attention_backward(p, dout, fwd, g);
   }
 };
 

@@ -1,7 +1,7 @@
 // Reference attention: plain loops, one query row at a time, exact softmax.
 // The ground truth every fast path is tested against. O(S) scratch per row.
 //
-// Forward, for each batch entry b and query row i (j < causal_end(i)):
+// Forward, for each batch entry b and query row i (keys j in the band, key_begin(i) <= j < key_end(i)):
 //   s_j   = scale · q_i·k_j + mask_ij
 //   lse_i = log Σ_j exp(s_j)                  (-inf when every s_j = -inf)
 //   P_ij  = exp(s_j - lse_i) · c_ij,  c_ij = keep_ij / (1 - p)  (1 without dropout)
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attention_params.h"
+#include "cpu/reduce.h"
 #include "dtype_dispatch.h"
 #include "random/philox.h"
 
@@ -67,15 +68,15 @@ struct Dropout {
   }
 };
 
-// Logits of row (b, i) for keys j < end into s[]; returns their maximum.
+// Logits of row (b, i) for keys begin <= j < end into s[j]; returns their maximum.
 template <class T, class A>
 A row_logits(const AttentionParams& p, const Rows<const T>& q, const Rows<const T>& k, const A* mask,
-             int64_t b, int64_t i, int64_t end, A* s) {
+             int64_t b, int64_t i, int64_t begin, int64_t end, A* s) {
   const A scale = A(p.scale);
   const T* qi = q.at(b, i);
   const A* mrow = mask ? mask + p.mask_offset[size_t(b)] + i * p.mask_row : nullptr;
   A max = -INFINITY;
-  for (int64_t j = 0; j < end; ++j) {
+  for (int64_t j = begin; j < end; ++j) {
     A x = scale * dot<A>(qi, q.col, k.at(b, j), k.col, p.E);
     if (mrow) x += mrow[j * p.mask_col];
     s[j] = x;
@@ -99,10 +100,10 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
     std::vector<A> s(static_cast<size_t>(S)), acc(static_cast<size_t>(Ev));
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < p.batch * L; ++row) {
-      const int64_t b = row / L, i = row % L, end = p.causal_end(i);
+      const int64_t b = row / L, i = row % L, begin = p.key_begin(i), end = p.key_end(i);
       T* o = out + row * Ev;
       T* w = weights ? weights + row * S : nullptr;
-      const A max = end > 0 ? row_logits<T, A>(p, q, k, mask, b, i, end, s.data()) : A(-INFINITY);
+      const A max = end > begin ? row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data()) : A(-INFINITY);
       if (max == -INFINITY) {  // fully masked row
         lse[row] = -INFINITY;
         for (int64_t e = 0; e < Ev; ++e) o[e] = store_as<T>(A(0));
@@ -111,11 +112,11 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
         continue;
       }
       A sum = 0;
-      for (int64_t j = 0; j < end; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - max));
+      for (int64_t j = begin; j < end; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - max));
       lse[row] = max + std::log(sum);
       std::fill(acc.begin(), acc.end(), A(0));
       for (int64_t j = 0; j < S; ++j) {
-        const A pij = j < end ? s[size_t(j)] / sum * dropout.factor(b, i, j) : A(0);
+        const A pij = j >= begin && j < end ? s[size_t(j)] / sum * dropout.factor(b, i, j) : A(0);
         if (w) w[j] = store_as<T>(pij);
         if (pij == A(0)) continue;
         const T* vj = v.at(b, j);
@@ -124,27 +125,6 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
       for (int64_t e = 0; e < Ev; ++e) o[e] = store_as<T>(acc[size_t(e)]);
     }
   }
-}
-
-// Adds full[b] (one inner block per output batch entry, in order of b, so the
-// sum is the same for any thread count) into target at offset[b].
-template <class A>
-void reduce_batches(const std::vector<A>& full, int64_t inner, const std::vector<int64_t>& offset,
-                    std::vector<A>& target) {
-  for (size_t b = 0; b < offset.size(); ++b)
-    for (int64_t x = 0; x < inner; ++x) target[size_t(offset[b] + x)] += full[b * size_t(inner) + size_t(x)];
-}
-
-// Sums the per-entry gradient `full` (batch, rows, cols) into a tensor shaped
-// like `like`, folding its broadcast and grouped-query dims.
-template <class T, class A>
-void store_reduced(const std::vector<A>& full, const AttentionParams& p, Tensor& grad) {
-  const Shape& shape = grad.shape();
-  const int64_t inner = shape[shape.size() - 2] * shape[shape.size() - 1];
-  std::vector<A> acc(size_t(grad.numel()), A(0));
-  reduce_batches(full, inner, batch_offsets(p.batch_shape, leading(shape, 2), leading(contiguous_strides(shape), 2)), acc);
-  T* dst = grad.data<T>();
-  for (size_t x = 0; x < acc.size(); ++x) dst[x] = store_as<T>(acc[x]);
 }
 
 template <class T, class A>
@@ -167,14 +147,14 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t i = 0; i < L; ++i) {
         const A lse_i = lse[b * L + i];
-        const int64_t end = p.causal_end(i);
-        if (lse_i == -INFINITY || end == 0) continue;
-        row_logits<T, A>(p, q, k, mask, b, i, end, s.data());
+        const int64_t begin = p.key_begin(i), end = p.key_end(i);
+        if (lse_i == -INFINITY || end <= begin) continue;
+        row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data());
         const T* doi = dout.at(b, i);
         const A D = dot<A>(doi, dout.col, out.at(b, i), out.col, Ev);
         const T* qi = q.at(b, i);
         A* dqi = &dq[size_t((b * L + i) * E)];
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = begin; j < end; ++j) {
           if (s[size_t(j)] == -INFINITY) continue;
           const A prob = std::exp(s[size_t(j)] - lse_i), c = dropout.factor(b, i, j);
           const T* vj = v.at(b, j);
@@ -192,9 +172,9 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
       }
     }
   }
-  store_reduced<T>(dq, p, g.dquery);
-  store_reduced<T>(dk, p, g.dkey);
-  store_reduced<T>(dv, p, g.dvalue);
+  store_reduced(dq, p, g.dquery);
+  store_reduced(dk, p, g.dkey);
+  store_reduced(dv, p, g.dvalue);
   if (g.dmask.defined()) {
     std::vector<A> acc(size_t(g.dmask.numel()), A(0));
     for (int64_t b = 0; b < B; ++b)

@@ -1,0 +1,99 @@
+// The fused ("flash") attention kernels' interface: plain structs shared by
+// the dispatcher (flash.cpp) and the per-instruction-set kernels
+// (kernel_*.cpp). Kernels see float32 rows only; packing, dtype conversion,
+// threads and reductions happen in the dispatcher.
+//
+// Layout trick: every score tile is kept transposed, S_T[j][i] (keys in rows,
+// queries across vector lanes), so the softmax state m, l and the rescaling
+// of O are vertical vector operations, never horizontal reductions.
+#pragma once
+
+#include <cstdint>
+
+namespace mha::cpu {
+
+// Key j is visible to query i iff i + lo_shift <= j < i + hi_shift (and 0 <= j < S).
+struct Band {
+  int64_t lo_shift, hi_shift;
+};
+
+// Fills factors[j·ldf + i] (j < cols, i < rows) with the dropout factor of
+// (query i0 + i, key j0 + j): 0 or 1/(1-p).
+using DropoutTileFn = void (*)(const void* ctx, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* factors,
+                               int64_t ldf);
+
+struct FlashDropout {
+  DropoutTileFn fill = nullptr;  // null: no dropout
+  const void* ctx = nullptr;
+};
+
+// One query tile of one batch entry.
+struct FlashForwardTile {
+  const float* qt;            // (E, br): the tile's queries transposed; pad columns 0
+  float logit_scale;          // scale·log2(e)
+  const float* k;             // key row 0; rows k_row apart, elements contiguous
+  int64_t k_row;
+  const float* v;             // value row 0; rows v_row apart
+  int64_t v_row;
+  const float* mask;          // additive mask at (i0, 0), or null
+  int64_t mask_row, mask_col;
+  int64_t i0, rows, S, E, Ev, br;
+  Band band;
+  FlashDropout dropout;
+  float* out;                 // output row i0; rows out_row apart, Ev floats each
+  int64_t out_row;
+  float* lse;                 // lse of rows i0 … i0+rows-1 (natural log; -inf when fully masked)
+  float* weights;             // null, or weights row i0 (rows weights_row apart, S floats): then
+  int64_t weights_row;        //   lse is an input and only the weights are written
+  float* scratch;             // flash_forward_scratch(E, Ev, br) floats, 64-byte aligned
+};
+
+// One batch entry, all of it (deterministic: one thread, fixed order).
+struct FlashBackwardHead {
+  const float* qt;     // (L_pad / br) tiles of (E, br): queries transposed
+  float logit_scale;   // scale·log2(e)
+  const float* q;      // (L, E_pad): queries, pads 0
+  const float* dot;    // tiles of (Ev, br): dO transposed
+  const float* dout;   // (L, Ev_pad): dO, pads 0
+  const float* lse2;   // (L_pad): lse·log2(e); +inf for fully masked rows and pad rows
+  const float* delta;  // (L_pad): D = rowsum(dO∘O); 0 for pad rows
+  const float* k;      // key row 0, rows k_row apart
+  int64_t k_row;
+  const float* v;
+  int64_t v_row;
+  const float* mask;   // additive mask at (0, 0), or null
+  int64_t mask_row, mask_col;
+  int64_t L, S, E, Ev, E_pad, Ev_pad, br;
+  float scale;
+  Band band;
+  FlashDropout dropout;
+  float* dqt;          // tiles of (E, br), zeroed by the caller; gets dQᵀ / scale
+  float* dk;           // (S, E) rows dk_row apart: written, dK
+  int64_t dk_row;
+  float* dv;           // (S, Ev) rows dv_row apart: written, dV
+  int64_t dv_row;
+  float* scratch;      // flash_backward_scratch(E_pad, Ev_pad, br) floats, 64-byte aligned
+};
+
+// Key tile height of every kernel.
+inline constexpr int64_t kFlashKeyTile = 64;
+
+inline int64_t flash_forward_scratch(int64_t E, int64_t Ev, int64_t br) {
+  (void)E;
+  return 2 * kFlashKeyTile * br + Ev * br + 2 * br + 64;
+}
+inline int64_t flash_backward_scratch(int64_t E_pad, int64_t Ev_pad, int64_t br) {
+  return 4 * kFlashKeyTile * br + kFlashKeyTile * (E_pad + Ev_pad) + 64;
+}
+
+// The kernels of each instruction set (kernel_*.cpp). Call one only when the
+// CPU supports its instruction set (flash.cpp chooses).
+#define MHA_DECLARE_FLASH_KERNELS(isa)                         \
+  void flash_forward_tile_##isa(const FlashForwardTile& t);    \
+  void flash_backward_head_##isa(const FlashBackwardHead& h);
+MHA_DECLARE_FLASH_KERNELS(scalar)
+MHA_DECLARE_FLASH_KERNELS(avx2)
+MHA_DECLARE_FLASH_KERNELS(avx512)
+#undef MHA_DECLARE_FLASH_KERNELS
+
+}  // namespace mha::cpu

@@ -1,0 +1,244 @@
+// Fused attention kernels, written once against cpu/simd/vec.h and compiled
+// once per instruction set (kernel_avx512.cpp, kernel_avx2.cpp,
+// kernel_scalar.cpp). Algorithm: FlashAttention-2 (Dao, 2023) with scores
+// in the base-2 domain: Q is pre-scaled by scale·log2(e), so softmax uses exp2.
+//
+// Forward, per query tile (queries in vector lanes), per key tile of Bc keys:
+//   S_T = K_tile · Q_Tᵀ                      (Bc × br; + mask·log2e; band → -inf)
+//   m'  = max(m, colmax S_T);  P_T = exp2(S_T - m');  α = exp2(m - m')
+//   l   = α·l + colsum P_T;    O_T = α·O_T + V_tileᵀ · (P_T ∘ dropout)
+// and at the end O = O_T / l, lse = (m + log2 l)·ln 2.
+// Backward, per batch entry, per key tile (dK, dV stay in registers/L1):
+//   P_T = exp2(S_T - lse2),  dP_T = V_tile · dO_Tᵀ
+//   dV += (P_T∘F) · dO,  dS_T = P_T ∘ (dP_T∘F - D),  dK += dS_T · Q,  dQ_T += K_tileᵀ · dS_T
+// with F the dropout factors and D = rowsum(dO∘O) (so dS is the gradient of
+// the natural-log logits); the dispatcher multiplies dQ by scale.
+//
+// No std:: or other inline functions shared with other translation units are
+// used here: a copy compiled for AVX-512 must never be picked by the linker
+// for the portable path.
+#pragma once
+
+#include "cpu/flash/flash.h"
+#include "cpu/simd/vec.h"
+
+namespace mha::cpu::MHA_ISA_NAMESPACE {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int W = Vec::W;
+
+#if defined(MHA_SIMD_AVX512)
+constexpr int kMR = 8;  // rows per micro-tile: 8 × 2 vectors = 16 of 32 registers
+#elif defined(MHA_SIMD_AVX2)
+constexpr int kMR = 6;  // 6 × 2 = 12 of 16 registers
+#else
+constexpr int kMR = 4;
+#endif
+constexpr int kNV = 2;  // vectors per micro-tile row
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// C[r][c] (+)= Σ_k A[r·ar + k·ak] · B[k·ldb + c] for r < MR, c < NV·W.
+template <int MR, int NV, bool ACC>
+inline void micro(const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb, float* C, int64_t ldc,
+                  int64_t K) {
+  Vec acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = ACC ? Vec::load(C + r * ldc + v * W) : Vec::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    Vec b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = Vec::load(B + k * ldb + v * W);
+    for (int r = 0; r < MR; ++r) {
+      const Vec a = Vec::set1(A[r * ar + k * ak]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v].store(C + r * ldc + v * W);
+}
+
+template <int NV, bool ACC>
+inline void micro_rows(int64_t rows, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb, float* C,
+                       int64_t ldc, int64_t K) {
+  switch (rows) {
+#define MHA_ROWS_CASE(n) \
+  case n: return micro<(n < kMR ? n : kMR), NV, ACC>(A, ar, ak, B, ldb, C, ldc, K);
+    MHA_ROWS_CASE(1) MHA_ROWS_CASE(2) MHA_ROWS_CASE(3) MHA_ROWS_CASE(4)
+    MHA_ROWS_CASE(5) MHA_ROWS_CASE(6) MHA_ROWS_CASE(7) MHA_ROWS_CASE(8)
+#undef MHA_ROWS_CASE
+    default: return;
+  }
+}
+
+// C (R × N, N a multiple of W) (+)= A (R × K, strides ar, ak) · B (K × N, row stride ldb).
+template <bool ACC>
+void gemm(int64_t R, int64_t N, int64_t K, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb,
+          float* C, int64_t ldc) {
+  int64_t c0 = 0;
+  for (; c0 + kNV * W <= N; c0 += kNV * W)
+    for (int64_t r0 = 0; r0 < R; r0 += kMR)
+      micro_rows<kNV, ACC>(min64(kMR, R - r0), A + r0 * ar, ar, ak, B + c0, ldb, C + r0 * ldc + c0, ldc, K);
+  for (; c0 < N; c0 += W)
+    for (int64_t r0 = 0; r0 < R; r0 += kMR)
+      micro_rows<1, ACC>(min64(kMR, R - r0), A + r0 * ar, ar, ak, B + c0, ldb, C + r0 * ldc + c0, ldc, K);
+}
+
+// Whether every (query, key) of the tile is inside the band.
+inline bool tile_inside_band(int64_t i0, int64_t rows, int64_t j0, int64_t cols, Band b) {
+  // Tightest row: the last query has the largest lower bound, the first the smallest upper bound.
+  return j0 >= i0 + rows - 1 + b.lo_shift && j0 + cols <= i0 + b.hi_shift;
+}
+
+// Turns raw dot products into base-2 logits: S_T = S_T·c + mask·log2(e)
+// (c = scale·log2 e, applied after the product: one rounding, as the
+// reference path), and -inf for keys outside the band.
+inline void finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                          Band band, const float* mask, int64_t mask_row, int64_t mask_col) {
+  const Vec cv = Vec::set1(c);
+  for (int64_t x = 0; x < cols * br; x += W) (Vec::load(st + x) * cv).store(st + x);
+  if (mask)
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t i = 0; i < rows; ++i) st[j * br + i] += mask[i * mask_row + (j0 + j) * mask_col] * kLog2e;
+  if (!tile_inside_band(i0, rows, j0, cols, band))
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t key = j0 + j, query = i0 + i;
+        if (key < query + band.lo_shift || key >= query + band.hi_shift) st[j * br + i] = -__builtin_inff();
+      }
+}
+
+// Keys that any query of [i0, i0+rows) can see.
+inline void key_range(int64_t i0, int64_t rows, int64_t S, Band b, int64_t& lo, int64_t& hi) {
+  lo = max64(0, i0 + b.lo_shift);
+  hi = min64(S, i0 + rows - 1 + b.hi_shift);
+}
+
+inline void forward_tile(const FlashForwardTile& t) {
+  const int64_t br = t.br, nv = br / W;
+  float* st = t.scratch;                          // (Bc, br)
+  float* factors = st + kFlashKeyTile * br;       // (Bc, br)
+  float* ot = factors + kFlashKeyTile * br;       // (Ev, br)
+  float* m = ot + t.Ev * br;                      // (br)
+  float* l = m + br;                              // (br)
+  int64_t lo, hi;
+  key_range(t.i0, t.rows, t.S, t.band, lo, hi);
+  const bool weights_pass = t.weights != nullptr;
+
+  if (weights_pass) {  // m holds lse·log2e (+inf for a fully masked row: P = 0)
+    for (int64_t i = 0; i < br; ++i) m[i] = i < t.rows && t.lse[i] != -__builtin_inff() ? t.lse[i] * kLog2e : __builtin_inff();
+    for (int64_t i = 0; i < t.rows; ++i)
+      for (int64_t j = 0; j < t.S; ++j) t.weights[i * t.weights_row + j] = 0.0f;
+  } else {
+    for (int64_t i = 0; i < br; ++i) m[i] = -__builtin_inff(), l[i] = 0.0f;
+    for (int64_t x = 0; x < t.Ev * br; ++x) ot[x] = 0.0f;
+  }
+
+  for (int64_t j0 = lo; j0 < hi; j0 += kFlashKeyTile) {
+    const int64_t cols = min64(kFlashKeyTile, hi - j0);
+    gemm<false>(cols, br, t.E, t.k + j0 * t.k_row, t.k_row, 1, t.qt, br, st, br);
+    finish_scores(st, br, t.logit_scale, t.i0, t.rows, j0, cols, t.band, t.mask, t.mask_row, t.mask_col);
+    if (t.dropout.fill) t.dropout.fill(t.dropout.ctx, t.i0, t.rows, j0, cols, factors, br);
+
+    if (weights_pass) {
+      for (int64_t c = 0; c < nv; ++c) {
+        const Vec lse2 = Vec::load(m + c * W);
+        for (int64_t j = 0; j < cols; ++j) {
+          Vec p = exp2(Vec::load(st + j * br + c * W) - lse2);
+          if (t.dropout.fill) p = p * Vec::load(factors + j * br + c * W);
+          p.store(st + j * br + c * W);
+        }
+      }
+      for (int64_t i = 0; i < t.rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) t.weights[i * t.weights_row + j0 + j] = st[j * br + i];
+      continue;
+    }
+
+    for (int64_t c = 0; c < nv; ++c) {
+      const Vec m_old = Vec::load(m + c * W);
+      Vec m_new = m_old;
+      for (int64_t j = 0; j < cols; ++j) m_new = max(m_new, Vec::load(st + j * br + c * W));
+      // -FLT_MAX instead of -inf keeps (-inf) - (-inf) = NaN out of exp2.
+      m_new = max(m_new, Vec::set1(-3.402823466e38f));
+      Vec sum = Vec::zero();
+      for (int64_t j = 0; j < cols; ++j) {
+        Vec p = exp2(Vec::load(st + j * br + c * W) - m_new);
+        sum = sum + p;
+        if (t.dropout.fill) p = p * Vec::load(factors + j * br + c * W);
+        p.store(st + j * br + c * W);
+      }
+      const Vec alpha = exp2(m_old - m_new);
+      (fma(Vec::load(l + c * W), alpha, sum)).store(l + c * W);
+      m_new.store(m + c * W);
+      for (int64_t e = 0; e < t.Ev; ++e) (Vec::load(ot + e * br + c * W) * alpha).store(ot + e * br + c * W);
+    }
+    // O_T (Ev × br) += V_tileᵀ · P_T: A(e, j) = V[j0 + j][e].
+    gemm<true>(t.Ev, br, cols, t.v + j0 * t.v_row, 1, t.v_row, st, br, ot, br);
+  }
+  if (weights_pass) return;
+
+  for (int64_t i = 0; i < t.rows; ++i) {
+    const float li = l[i];
+    const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+    float* o = t.out + i * t.out_row;
+    for (int64_t e = 0; e < t.Ev; ++e) o[e] = ot[e * br + i] * inv;
+    t.lse[i] = li > 0.0f ? (m[i] + __builtin_log2f(li)) * kLn2 : -__builtin_inff();
+  }
+}
+
+inline void backward_head(const FlashBackwardHead& h) {
+  const int64_t br = h.br, nv = br / W;
+  float* st = h.scratch;                      // (Bc, br): scores, then P
+  float* dpt = st + kFlashKeyTile * br;       // (Bc, br): dP, then dS
+  float* pdrop = dpt + kFlashKeyTile * br;    // (Bc, br): P∘F
+  float* factors = pdrop + kFlashKeyTile * br;
+  float* dk_acc = factors + kFlashKeyTile * br;  // (Bc, E_pad)
+  float* dv_acc = dk_acc + kFlashKeyTile * h.E_pad;  // (Bc, Ev_pad)
+  const bool drop = h.dropout.fill != nullptr;
+
+  for (int64_t j0 = 0; j0 < h.S; j0 += kFlashKeyTile) {
+    const int64_t cols = min64(kFlashKeyTile, h.S - j0);
+    for (int64_t x = 0; x < cols * h.E_pad; ++x) dk_acc[x] = 0.0f;
+    for (int64_t x = 0; x < cols * h.Ev_pad; ++x) dv_acc[x] = 0.0f;
+    // Queries that see any key of [j0, j0+cols): j >= i + lo and j < i + hi.
+    const int64_t q_lo = max64(0, j0 - h.band.hi_shift + 1);
+    const int64_t q_hi = min64(h.L, j0 + cols - h.band.lo_shift);
+    for (int64_t i0 = q_lo / br * br; i0 < q_hi; i0 += br) {
+      const int64_t rows = min64(br, h.L - i0), tile = i0 / br;
+      const float* qt = h.qt + tile * h.E * br;
+      const float* dot = h.dot + tile * h.Ev * br;
+      gemm<false>(cols, br, h.E, h.k + j0 * h.k_row, h.k_row, 1, qt, br, st, br);
+      finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band, h.mask ? h.mask + i0 * h.mask_row : nullptr,
+                    h.mask_row, h.mask_col);
+      gemm<false>(cols, br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, dot, br, dpt, br);
+      if (drop) h.dropout.fill(h.dropout.ctx, i0, rows, j0, cols, factors, br);
+      for (int64_t c = 0; c < nv; ++c) {
+        const Vec lse2 = Vec::load(h.lse2 + i0 + c * W), delta = Vec::load(h.delta + i0 + c * W);
+        for (int64_t j = 0; j < cols; ++j) {
+          const Vec p = exp2(Vec::load(st + j * br + c * W) - lse2);
+          Vec dp = Vec::load(dpt + j * br + c * W);
+          Vec pd = p;
+          if (drop) {
+            const Vec f = Vec::load(factors + j * br + c * W);
+            pd = p * f;
+            dp = dp * f;
+          }
+          pd.store(pdrop + j * br + c * W);
+          (p * (dp - delta)).store(dpt + j * br + c * W);  // dS_T
+        }
+      }
+      // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += dS_T · Q_tile.
+      gemm<true>(cols, h.Ev_pad, rows, pdrop, br, 1, h.dout + i0 * h.Ev_pad, h.Ev_pad, dv_acc, h.Ev_pad);
+      gemm<true>(cols, h.E_pad, rows, dpt, br, 1, h.q + i0 * h.E_pad, h.E_pad, dk_acc, h.E_pad);
+      // dQ_T (E × br) += K_tileᵀ · dS_T: A(e, j) = K[j0 + j][e].
+      gemm<true>(h.E, br, cols, h.k + j0 * h.k_row, 1, h.k_row, dpt, br, h.dqt + tile * h.E * br, br);
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t e = 0; e < h.E; ++e) h.dk[(j0 + j) * h.dk_row + e] = dk_acc[j * h.E_pad + e] * h.scale;
+      for (int64_t e = 0; e < h.Ev; ++e) h.dv[(j0 + j) * h.dv_row + e] = dv_acc[j * h.Ev_pad + e];
+    }
+  }
+}
+
+}  // namespace mha::cpu::MHA_ISA_NAMESPACE

@@ -1,0 +1,171 @@
+// The small vector layer the fused kernels are written against: one float
+// vector type per instruction set, all with the same interface.
+//
+//   W                       lanes
+//   load(p) / store(p)      unaligned
+//   load_partial(p, n)      lanes >= n read as 0 (n < W)
+//   store_partial(p, n)
+//   set1(x), zero()
+//   fma(a, b, c) = a·b + c, +, -, *, max(a, b)
+//   exp2(x)                 2^x, relative error < 2e-7; exactly 0 for x <= -127 (and -inf)
+//
+// Include this file only from a kernel translation unit that defines
+// MHA_SIMD_AVX512, MHA_SIMD_AVX2 or neither (portable), compiled with the
+// matching flags. Everything here sits in namespace MHA_ISA_NAMESPACE, so the
+// copies built for different instruction sets never meet at link time.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(MHA_SIMD_AVX512) || defined(MHA_SIMD_AVX2)
+#include <immintrin.h>
+#endif
+
+#ifndef MHA_ISA_NAMESPACE
+#error "define MHA_ISA_NAMESPACE before including cpu/simd/vec.h"
+#endif
+
+namespace mha::cpu::MHA_ISA_NAMESPACE {
+
+// 2^f on f in [-0.5, 0.5]: minimax polynomial (Cephes exp2f coefficients).
+#define MHA_EXP2_POLY(F, FMA, SET1)                                                      \
+  FMA(FMA(FMA(FMA(FMA(FMA(SET1(1.535336188319500e-4f), F, SET1(1.339887440266574e-3f)), \
+                      F, SET1(9.618437357674640e-3f)),                                    \
+                  F, SET1(5.550332471162809e-2f)),                                        \
+              F, SET1(2.402264791363012e-1f)),                                            \
+          F, SET1(6.931472028550421e-1f)),                                                \
+      F, SET1(1.0f))
+
+#if defined(MHA_SIMD_AVX512)
+
+struct Vec {
+  static constexpr int W = 16;
+  __m512 v;
+
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec load_partial(const float* p, int n) { return {_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
+  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+  friend Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  friend Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+  friend Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  friend Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  friend Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+  friend Vec exp2(Vec x) {
+    x.v = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
+    x.v = _mm512_min_ps(x.v, _mm512_set1_ps(127.0f));
+    const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x.v, n);
+    const __m512 p = MHA_EXP2_POLY(f, _mm512_fmadd_ps, _mm512_set1_ps);
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return {_mm512_mul_ps(p, _mm512_castsi512_ps(bits))};
+  }
+};
+
+#elif defined(MHA_SIMD_AVX2)
+
+struct Vec {
+  static constexpr int W = 8;
+  __m256 v;
+
+  static __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  static Vec load_partial(const float* p, int n) { return {_mm256_maskload_ps(p, lanes_below(n))}; }
+  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  void store_partial(float* p, int n) const { _mm256_maskstore_ps(p, lanes_below(n), v); }
+  static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
+  static Vec zero() { return {_mm256_setzero_ps()}; }
+  friend Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+  friend Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
+  friend Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
+  friend Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  friend Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
+  friend Vec exp2(Vec x) {
+    x.v = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
+    x.v = _mm256_min_ps(x.v, _mm256_set1_ps(127.0f));
+    const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x.v, n);
+    const __m256 p = MHA_EXP2_POLY(f, _mm256_fmadd_ps, _mm256_set1_ps);
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return {_mm256_mul_ps(p, _mm256_castsi256_ps(bits))};
+  }
+};
+
+#else  // portable: plain arrays the compiler may vectorise for the baseline ISA
+
+struct Vec {
+  static constexpr int W = 8;
+  float v[W];
+
+  static Vec load(const float* p) {
+    Vec r;
+    for (int i = 0; i < W; ++i) r.v[i] = p[i];
+    return r;
+  }
+  static Vec load_partial(const float* p, int n) {
+    Vec r = zero();
+    for (int i = 0; i < n; ++i) r.v[i] = p[i];
+    return r;
+  }
+  void store(float* p) const {
+    for (int i = 0; i < W; ++i) p[i] = v[i];
+  }
+  void store_partial(float* p, int n) const {
+    for (int i = 0; i < n; ++i) p[i] = v[i];
+  }
+  static Vec set1(float x) {
+    Vec r;
+    for (int i = 0; i < W; ++i) r.v[i] = x;
+    return r;
+  }
+  static Vec zero() { return set1(0.0f); }
+  friend Vec fma(Vec a, Vec b, Vec c) {
+    for (int i = 0; i < W; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i];
+    return c;
+  }
+  friend Vec operator+(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  friend Vec operator-(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] -= b.v[i];
+    return a;
+  }
+  friend Vec operator*(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  friend Vec max(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+    return a;
+  }
+  static float exp2_scalar(float x) {
+    x = x < -127.0f ? -127.0f : (x > 127.0f ? 127.0f : x);
+    // Round half away from zero, matching neither SIMD path bit for bit but
+    // with the same accuracy: f stays in [-0.5, 0.5].
+    const float n = float(int32_t(x >= 0 ? x + 0.5f : x - 0.5f));
+    const float f = x - n;
+    auto mul_add = [](float a, float b, float c) { return a * b + c; };
+    auto same = [](float c) { return c; };
+    const float p = MHA_EXP2_POLY(f, mul_add, same);
+    const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+  }
+  friend Vec exp2(Vec x) {
+    for (int i = 0; i < W; ++i) x.v[i] = exp2_scalar(x.v[i]);
+    return x;
+  }
+};
+
+#endif
+
+#undef MHA_EXP2_POLY
+
+}  // namespace mha::cpu::MHA_ISA_NAMESPACE

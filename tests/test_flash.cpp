@@ -1,0 +1,205 @@
+// The fused path against the reference path, on every instruction set this
+// CPU supports (each forced in turn): odd sizes, every mask kind, both causal
+// alignments, windows, GQA, dropout, fully masked rows, bfloat16; forward,
+// weights and backward. Plus the accuracy rule: the fused float32 error
+// against float64 stays within 2× the reference path's float32 error.
+#include <omp.h>
+
+#include <cstdio>
+#include <tuple>
+
+#include "cpu/flash/dispatch.h"
+#include "testing.h"
+
+using namespace mha;
+using namespace mha::testing;
+
+namespace {
+
+struct FlashCase {
+  std::string name;
+  Shape q, k, v;
+  AttentionOptions options;
+};
+
+// Forces each instruction set in turn for the life of the object.
+class EachIsa : public ::testing::TestWithParam<cpu::Isa> {
+ protected:
+  void SetUp() override { cpu::force_isa(GetParam()); }
+  void TearDown() override { cpu::force_isa(std::nullopt); }
+};
+
+std::string isa_name(const ::testing::TestParamInfo<cpu::Isa>& info) { return cpu::to_string(info.param); }
+
+// Fused and reference results on the same float32 (or bf16) inputs; the
+// tolerance is relative to the output's size.
+void compare(const FlashCase& c, DType dtype, bool backward) {
+  SCOPED_TRACE(c.name + " " + to_string(dtype) + " on " + cpu::to_string(cpu::active_isa()));
+  Tensor q = random_tensor(c.q, 1, dtype), k = random_tensor(c.k, 2, dtype), v = random_tensor(c.v, 3, dtype);
+  AttentionOptions fused = c.options, reference = c.options;
+  fused.path = AttentionPath::fused;
+  reference.path = AttentionPath::reference;
+  fused.return_weights = reference.return_weights = !backward;
+  AttentionOutput a = attention_forward(q, k, v, fused), b = attention_forward(q, k, v, reference);
+  ASSERT_EQ(a.path, AttentionPath::fused);
+  const double tol = dtype == DType::bfloat16 ? 2e-2 : 2e-5;
+  EXPECT_LE(max_abs_diff(a.out, b.out), tol * std::max(1.0, max_abs(b.out)));
+  std::vector<double> la = a.lse.to_vector(), lb = b.lse.to_vector();
+  for (size_t i = 0; i < la.size(); ++i) {
+    if (std::isinf(lb[i])) ASSERT_EQ(la[i], lb[i]) << "row " << i;
+    else ASSERT_NEAR(la[i], lb[i], 1e-4 * std::max(1.0, std::abs(lb[i]))) << "row " << i;
+  }
+  EXPECT_TRUE(all_finite(a.out));
+  if (!backward) {
+    EXPECT_LE(max_abs_diff(a.weights, b.weights), dtype == DType::bfloat16 ? 1e-2 : 1e-5);
+    return;
+  }
+  Tensor dout = random_tensor(b.out.shape(), 4, dtype);
+  AttentionGradients ga = attention_backward(dout, q, k, v, a, fused), gb = attention_backward(dout, q, k, v, b, reference);
+  for (auto [x, y, name] : {std::tuple{&ga.dquery, &gb.dquery, "dquery"}, {&ga.dkey, &gb.dkey, "dkey"},
+                            {&ga.dvalue, &gb.dvalue, "dvalue"}}) {
+    EXPECT_TRUE(all_finite(*x)) << name;
+    EXPECT_LE(max_abs_diff(*x, *y), 5 * tol * std::max(1.0, max_abs(*y))) << name;
+  }
+}
+
+std::vector<FlashCase> shape_cases() {
+  std::vector<FlashCase> cs;
+  for (int64_t E : {1, 3, 59, 64, 80, 128, 256}) {
+    const int64_t L = E == 64 ? 65 : 17 + E % 5, S = E == 64 ? 63 : 64 + E % 3;
+    cs.push_back({"E=" + std::to_string(E), {2, L, E}, {2, S, E}, {2, S, E == 1 ? 3 : E}, {}});
+  }
+  for (int64_t L : {1, 17, 63, 64, 65, 1025})
+    for (int64_t S : {1, 17, 64, 65, 1025}) {
+      if (L * S > 70000 && !(L == 1025 && S == 1025)) continue;
+      cs.push_back({"L=" + std::to_string(L) + " S=" + std::to_string(S), {1, 2, L, 8}, {1, 2, S, 8}, {1, 2, S, 5},
+                    {.causal = (L + S) % 2 ? Causal::top_left : Causal::bottom_right}});
+    }
+  return cs;
+}
+
+std::vector<FlashCase> feature_cases() {
+  std::vector<FlashCase> cs;
+  const Shape q{2, 3, 70, 16}, k{2, 3, 67, 16}, v{2, 3, 67, 12};
+  Generator g(11);
+  cs.push_back({"bool mask full", q, k, v, {.mask = rand_bool({2, 3, 70, 67}, g, 0.7)}});
+  cs.push_back({"bool key padding", q, k, v, {.mask = rand_bool({2, 1, 1, 67}, g, 0.8)}});
+  cs.push_back({"float mask (H,1,S)", q, k, v, {.mask = randn({3, 1, 67}, g)}});
+  cs.push_back({"float mask (L,S) with -inf", q, k, v, {.mask = rand_bool({70, 67}, g, 0.9).to(DType::float32)}});
+  cs.push_back({"causal top-left", q, k, v, {.causal = Causal::top_left}});
+  cs.push_back({"causal bottom-right", q, k, v, {.causal = Causal::bottom_right}});
+  cs.push_back({"causal bottom-right L<S", {2, 3, 20, 16}, k, v, {.causal = Causal::bottom_right}});
+  cs.push_back({"window (5, 3)", q, k, v, {.window_left = 5, .window_right = 3}});
+  cs.push_back({"window (0, 0)", q, k, v, {.window_left = 0, .window_right = 0}});
+  cs.push_back({"causal window 16", {1, 2, 300, 16}, {1, 2, 300, 16}, {1, 2, 300, 8},
+                {.causal = Causal::top_left, .window_left = 16}});
+  cs.push_back({"right window only", q, k, v, {.window_right = 2}});
+  cs.push_back({"GQA 6/2 + mask", {2, 6, 33, 16}, {2, 2, 40, 16}, {2, 2, 40, 8}, {.mask = randn({33, 40}, g)}});
+  cs.push_back({"MQA broadcast batch", {3, 4, 33, 16}, {1, 1, 40, 16}, {1, 1, 40, 8}, {.causal = Causal::bottom_right}});
+  cs.push_back({"dropout", q, k, v, {.dropout_p = 0.3, .dropout_seed = 7}});
+  cs.push_back({"dropout + causal + GQA", {2, 4, 40, 16}, {2, 2, 40, 16}, {2, 2, 40, 8},
+                {.causal = Causal::top_left, .dropout_p = 0.5, .dropout_seed = 3}});
+  cs.push_back({"scale", q, k, v, {.scale = 0.03}});
+  // Rows 3..9 of every head see no key.
+  Tensor rows_masked = Tensor::full({70, 67}, 1.0, DType::boolean);
+  for (int64_t i = 3; i < 10; ++i) rows_masked.select(0, i).fill_(0.0);
+  cs.push_back({"fully masked rows", q, k, v, {.mask = rows_masked}});
+  cs.push_back({"bottom-right L>S: empty rows", {1, 2, 90, 16}, {1, 2, 40, 16}, {1, 2, 40, 8}, {.causal = Causal::bottom_right}});
+  return cs;
+}
+
+}  // namespace
+
+TEST_P(EachIsa, OddShapesForward) {
+  for (const FlashCase& c : shape_cases()) compare(c, DType::float32, false);
+}
+
+TEST_P(EachIsa, OddShapesBackward) {
+  for (const FlashCase& c : shape_cases()) compare(c, DType::float32, true);
+}
+
+TEST_P(EachIsa, FeaturesForwardAndBackward) {
+  for (const FlashCase& c : feature_cases()) {
+    compare(c, DType::float32, false);
+    compare(c, DType::float32, true);
+  }
+}
+
+TEST_P(EachIsa, Bfloat16) {
+  for (const FlashCase& c : feature_cases()) compare(c, DType::bfloat16, true);
+  compare({"E=64 L=S=130", {2, 130, 64}, {2, 130, 64}, {2, 130, 64}, {}}, DType::bfloat16, false);
+}
+
+TEST_P(EachIsa, NonContiguousInputs) {
+  Tensor q = random_tensor({2, 70, 3, 16}, 1, DType::float32).permute({0, 2, 1, 3});
+  Tensor k = random_tensor({2, 3, 16, 67}, 2, DType::float32).transpose(2, 3);  // element stride 67
+  Tensor v = random_tensor({2, 3, 67, 24}, 3, DType::float32).slice(3, 0, 24, 2);
+  AttentionOptions o{.causal = Causal::top_left, .path = AttentionPath::fused};
+  AttentionOutput a = attention_forward(q, k, v, o);
+  AttentionOptions r = o;
+  r.path = AttentionPath::reference;
+  AttentionOutput b = attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), r);
+  EXPECT_LE(max_abs_diff(a.out, b.out), 2e-5);
+  Tensor dout = random_tensor(a.out.shape(), 4, DType::float32).transpose(0, 1).contiguous().transpose(0, 1);
+  AttentionGradients ga = attention_backward(dout, q, k, v, a, o);
+  AttentionGradients gb = attention_backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), b, r);
+  EXPECT_LE(max_abs_diff(ga.dquery, gb.dquery), 1e-4);
+  EXPECT_LE(max_abs_diff(ga.dkey, gb.dkey), 1e-4);
+  EXPECT_LE(max_abs_diff(ga.dvalue, gb.dvalue), 1e-4);
+}
+
+TEST_P(EachIsa, ErrorWithinTwiceTheReferenceError) {
+  // Against float64 ground truth: |fused32 - ref64| <= 2 |ref32 - ref64| (max over elements),
+  // forward and backward, at a size where rounding dominates.
+  Tensor q = random_tensor({2, 4, 257, 64}, 1), k = random_tensor({2, 4, 250, 64}, 2), v = random_tensor({2, 4, 250, 64}, 3);
+  Tensor dout = random_tensor({2, 4, 257, 64}, 4);
+  auto run = [&](DType dtype, AttentionPath path) {
+    AttentionOptions o{.causal = Causal::bottom_right, .path = path};
+    Tensor qc = q.to(dtype), kc = k.to(dtype), vc = v.to(dtype), dc = dout.to(dtype);
+    AttentionOutput f = attention_forward(qc, kc, vc, o);
+    AttentionGradients g = attention_backward(dc, qc, kc, vc, f, o);
+    return std::vector<Tensor>{f.out, g.dquery, g.dkey, g.dvalue};
+  };
+  std::vector<Tensor> truth = run(DType::float64, AttentionPath::reference),
+                      ref32 = run(DType::float32, AttentionPath::reference),
+                      fused = run(DType::float32, AttentionPath::fused);
+  const char* names[] = {"out", "dquery", "dkey", "dvalue"};
+  for (size_t i = 0; i < truth.size(); ++i) {
+    const double e_ref = max_abs_diff(ref32[i], truth[i]), e_fused = max_abs_diff(fused[i], truth[i]);
+    EXPECT_LE(e_fused, 2 * e_ref) << names[i];
+    std::printf("  %-7s %-6s error vs float64: reference %.2e, fused %.2e (%.2fx)\n", cpu::to_string(GetParam()).c_str(),
+                names[i], e_ref, e_fused, e_fused / e_ref);
+  }
+}
+
+TEST_P(EachIsa, DeterministicAcrossThreadCounts) {
+  Tensor q = random_tensor({3, 4, 100, 32}, 1, DType::float32), k = random_tensor({3, 2, 90, 32}, 2, DType::float32),
+         v = random_tensor({3, 2, 90, 16}, 3, DType::float32), dout = random_tensor({3, 4, 100, 16}, 4, DType::float32);
+  AttentionOptions o{.causal = Causal::bottom_right, .dropout_p = 0.2, .dropout_seed = 5, .path = AttentionPath::fused};
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<double>> results[2];
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    AttentionOutput f = attention_forward(q, k, v, o);
+    AttentionGradients g = attention_backward(dout, q, k, v, f, o);
+    results[threads - 1] = {f.out.to_vector(), g.dquery.to_vector(), g.dkey.to_vector(), g.dvalue.to_vector()};
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(results[0], results[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Flash, EachIsa, ::testing::ValuesIn(cpu::supported_isas()), isa_name);
+
+TEST(FlashDispatch, PathRuleAndForcing) {
+  Tensor q = random_tensor({1, 5, 4}, 1, DType::float32);
+  EXPECT_EQ(attention_forward(q, q, q).path, AttentionPath::fused);
+  EXPECT_EQ(attention_forward(q, q, q, {.path = AttentionPath::reference}).path, AttentionPath::reference);
+  Tensor d = q.to(DType::float64);
+  EXPECT_EQ(attention_forward(d, d, d).path, AttentionPath::reference);
+  EXPECT_THROW(attention_forward(d, d, d, {.path = AttentionPath::fused}), ValueError);
+  AttentionOptions o{.mask = Tensor::zeros({5, 5}), .path = AttentionPath::fused};
+  AttentionOutput f = attention_forward(q, q, q, o);
+  EXPECT_THROW(attention_backward(q, q, q, q, f, o, true), ValueError);
+  o.path = AttentionPath::automatic;
+  EXPECT_NO_THROW(attention_backward(q, q, q, q, f, o, true));  // falls back to the reference path
+}
