@@ -1,0 +1,12 @@
+// The machine's FMA peak, measured: independent FMA chains on every thread.
+#pragma once
+
+namespace mha::bench {
+
+// GFLOP/s of float32 FMAs (2 flops each) on `threads` threads, with 512-bit
+// vectors when avx512 is true, else 256-bit.
+double fma_peak_gflops(int threads, bool avx512);
+// GFLOP/s of AVX512-BF16 dot products (_mm512_dpbf16_ps: 64 flops each); 0 without AVX512-BF16.
+double bf16_peak_gflops(int threads);
+
+}  // namespace mha::bench
