@@ -6,9 +6,13 @@
 //   bench_attention --quick      a few rows
 //   bench_attention --memory L   forward+backward of one head at L=S (E=64): peak extra MiB
 //
+// Memory is measured in a fresh process (this program run again with
+// --memory-case), so that memory freed by earlier runs cannot hide a peak.
+//
 // FLOPs: forward 4·B·H·(visible query-key pairs)·E (Q·Kᵀ and P·V), backward
 // 2.5× that (five products against two), as in ../shared/BASELINES.md.
 #include <malloc.h>
+#include <unistd.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -88,6 +92,20 @@ struct Result {
   double fwd_s = 0, bwd_s = 0, fwd_gflops = 0, bwd_gflops = 0, extra_mib = 0;
 };
 
+// Peak extra MiB of one forward+backward, measured by a fresh copy of this program.
+double memory_in_child(DType dtype, int64_t E, int64_t L, bool causal) {
+  char cmd[256];
+  std::snprintf(cmd, sizeof cmd, "/proc/%d/exe --memory-case %s %lld %lld %d", int(getpid()), to_string(dtype).c_str(),
+                (long long)E, (long long)L, int(causal));
+  FILE* pipe = popen(cmd, "r");
+  double mib = -1;
+  if (pipe) {
+    if (std::fscanf(pipe, "%lf", &mib) != 1) mib = -1;
+    pclose(pipe);
+  }
+  return mib;
+}
+
 Result measure(const Shape4& s, DType dtype, AttentionOptions o, int threads, int reps, bool memory) {
   omp_set_num_threads(threads);
   Generator gen(1);
@@ -97,7 +115,7 @@ Result measure(const Shape4& s, DType dtype, AttentionOptions o, int threads, in
   Result r;
   AttentionOutput f = attention_forward(q, k, v, o);  // warm-up (and page-in)
   attention_backward(dout, q, k, v, f, o);
-  if (memory) r.extra_mib = peak_extra_mib([&] { attention_backward(dout, q, k, v, attention_forward(q, k, v, o), o); });
+  if (memory) r.extra_mib = memory_in_child(dtype, s.E, s.L, o.causal != Causal::none);
   r.fwd_s = median_seconds(reps, [&] { f = attention_forward(q, k, v, o); });
   r.bwd_s = median_seconds(reps, [&] { attention_backward(dout, q, k, v, f, o); });
   r.fwd_gflops = flops / r.fwd_s / 1e9;
@@ -111,6 +129,19 @@ void print_peaks(double peaks[3][3]) {
   for (int t = 1; t <= 2; ++t)
     std::printf("| %d | %.0f | %.0f | %.0f |\n", t, peaks[t][0], peaks[t][1], peaks[t][2]);
   std::printf("\n");
+}
+
+// One forward+backward at B·H = 8 in this fresh process; prints the peak extra MiB.
+int memory_case(char** argv) {
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  const DType dtype = std::string(argv[0]) == "bfloat16" ? DType::bfloat16 : DType::float32;
+  const int64_t E = std::atoll(argv[1]), L = std::atoll(argv[2]);
+  const AttentionOptions o{.causal = std::atoi(argv[3]) ? Causal::top_left : Causal::none, .path = AttentionPath::fused};
+  Generator gen(1);
+  Tensor q = randn({8, L, E}, gen, 0, 1, dtype), k = randn({8, L, E}, gen, 0, 1, dtype),
+         v = randn({8, L, E}, gen, 0, 1, dtype), dout = randn({8, L, E}, gen, 0, 1, dtype);
+  std::printf("%.1f\n", peak_extra_mib([&] { attention_backward(dout, q, k, v, attention_forward(q, k, v, o), o); }));
+  return 0;
 }
 
 int memory_mode(int64_t L) {
@@ -143,13 +174,13 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--memory") && i + 1 < argc) return memory_mode(std::atoll(argv[++i]));
+    else if (!std::strcmp(argv[i], "--memory-case") && i + 4 < argc) return memory_case(argv + i + 1);
     else if (!std::strcmp(argv[i], "--reference-max") && i + 1 < argc) reference_max = std::atoll(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_attention [--quick] [--reference-max L] [--memory L]\n");
       return 2;
     }
   }
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   std::printf("CPU: %s, %d cores; mha %s, fused kernels: %s\n\n", cpu_name().c_str(), omp_get_num_procs(), version,
               cpu::to_string(cpu::active_isa()).c_str());
   double peaks[3][3] = {};
@@ -162,7 +193,7 @@ int main(int argc, char** argv) {
   const double fp32_peak[3] = {0, std::max(peaks[1][0], peaks[1][1]), std::max(peaks[2][0], peaks[2][1])};
 
   std::printf("B·H = 8, L = S; GFLOP/s (median of the runs); %% = fused forward / FP32 FMA peak at that thread count;"
-              " extra MiB = peak resident memory of one forward+backward beyond the inputs.\n\n");
+              " extra MiB = peak resident memory of one forward+backward beyond the inputs, outputs included (fresh process, 2 threads).\n\n");
   std::printf("| dtype | E | L=S | causal | threads | fused fwd | fused bwd | %% peak fwd | fwd ms | bwd ms | extra MiB |"
               " reference fwd | reference bwd |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{512, 4096} : std::vector<int64_t>{512, 1024, 4096, 16384};

@@ -49,17 +49,21 @@ struct FlashForwardTile {
 };
 
 // One batch entry, all of it (deterministic: one thread, fixed order).
+// "Rows" operands are read or written E_pad (Ev_pad) floats wide, a multiple
+// of the vector width: the dispatcher pads where the tensors are narrower.
 struct FlashBackwardHead {
   const float* qt;     // (L_pad / br) tiles of (E, br): queries transposed
   float logit_scale;   // scale·log2(e)
-  const float* q;      // (L, E_pad): queries, pads 0
+  const float* q;      // query rows, q_row apart, E_pad readable
+  int64_t q_row;
   const float* dot;    // tiles of (Ev, br): dO transposed
-  const float* dout;   // (L, Ev_pad): dO, pads 0
+  const float* dout;   // dO rows, dout_row apart, Ev_pad readable
+  int64_t dout_row;
   const float* lse2;   // (L_pad): lse·log2(e); +inf for fully masked rows and pad rows
   const float* delta;  // (L_pad): D = rowsum(dO∘O); 0 for pad rows
-  const float* k;      // key row 0, rows k_row apart
+  const float* k;      // key rows, k_row apart, E_pad readable
   int64_t k_row;
-  const float* v;
+  const float* v;      // value rows, v_row apart, Ev readable
   int64_t v_row;
   const float* mask;   // additive mask at (0, 0), or null
   int64_t mask_row, mask_col;
@@ -67,13 +71,17 @@ struct FlashBackwardHead {
   float scale;
   Band band;
   FlashDropout dropout;
-  float* dqt;          // tiles of (E, br), zeroed by the caller; gets dQᵀ / scale
-  float* dk;           // (S, E) rows dk_row apart: written, dK
+  float* dq;           // dQ rows, dq_row apart, E_pad wide: zeroed by the caller, accumulated
+  int64_t dq_row;
+  float* dk;           // dK rows, dk_row apart: written (E floats)
   int64_t dk_row;
-  float* dv;           // (S, Ev) rows dv_row apart: written, dV
+  float* dv;           // dV rows, dv_row apart: written (Ev floats)
   int64_t dv_row;
   float* scratch;      // flash_backward_scratch(E_pad, Ev_pad, br) floats, 64-byte aligned
 };
+
+// Largest query tile width a dispatcher may choose.
+inline constexpr int64_t kFlashQueryTileMax = 64;
 
 // Key tile height of every kernel.
 inline constexpr int64_t kFlashKeyTile = 64;

@@ -10,9 +10,9 @@
 // and at the end O = O_T / l, lse = (m + log2 l)·ln 2.
 // Backward, per batch entry, per key tile (dK, dV stay in registers/L1):
 //   P_T = exp2(S_T - lse2),  dP_T = V_tile · dO_Tᵀ
-//   dV += (P_T∘F) · dO,  dS_T = P_T ∘ (dP_T∘F - D),  dK += dS_T · Q,  dQ_T += K_tileᵀ · dS_T
+//   dV += (P_T∘F) · dO,  dS_T = P_T ∘ (dP_T∘F - D),  dK += scale·dS_T · Q,  dQ += scale·dS · K_tile
 // with F the dropout factors and D = rowsum(dO∘O) (so dS is the gradient of
-// the natural-log logits); the dispatcher multiplies dQ by scale.
+// the natural-log logits, and scale·dS that of the raw dot products).
 //
 // No std:: or other inline functions shared with other translation units are
 // used here: a copy compiled for AVX-512 must never be picked by the linker
@@ -91,22 +91,27 @@ inline bool tile_inside_band(int64_t i0, int64_t rows, int64_t j0, int64_t cols,
   return j0 >= i0 + rows - 1 + b.lo_shift && j0 + cols <= i0 + b.hi_shift;
 }
 
-// Turns raw dot products into base-2 logits: S_T = S_T·c + mask·log2(e)
-// (c = scale·log2 e, applied after the product: one rounding, as the
-// reference path), and -inf for keys outside the band.
-inline void finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-                          Band band, const float* mask, int64_t mask_row, int64_t mask_col) {
-  const Vec cv = Vec::set1(c);
-  for (int64_t x = 0; x < cols * br; x += W) (Vec::load(st + x) * cv).store(st + x);
-  if (mask)
+// Prepares raw dot products S_T for the softmax: with a mask, S_T becomes
+// S_T·c + mask·log2(e) and the returned multiplier is 1; without one, S_T is
+// left raw and the multiplier c = scale·log2(e) is applied inside exp2 (one
+// rounding either way, as in the reference path). Keys outside the band → -inf.
+inline float finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                           Band band, const float* mask, int64_t mask_row, int64_t mask_col) {
+  float multiplier = c;
+  if (mask) {
+    const Vec cv = Vec::set1(c);
+    for (int64_t x = 0; x < cols * br; x += W) (Vec::load(st + x) * cv).store(st + x);
     for (int64_t j = 0; j < cols; ++j)
       for (int64_t i = 0; i < rows; ++i) st[j * br + i] += mask[i * mask_row + (j0 + j) * mask_col] * kLog2e;
+    multiplier = 1.0f;
+  }
   if (!tile_inside_band(i0, rows, j0, cols, band))
     for (int64_t j = 0; j < cols; ++j)
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t key = j0 + j, query = i0 + i;
         if (key < query + band.lo_shift || key >= query + band.hi_shift) st[j * br + i] = -__builtin_inff();
       }
+  return multiplier;
 }
 
 // Keys that any query of [i0, i0+rows) can see.
@@ -120,34 +125,37 @@ inline void forward_tile(const FlashForwardTile& t) {
   float* st = t.scratch;                          // (Bc, br)
   float* factors = st + kFlashKeyTile * br;       // (Bc, br)
   float* ot = factors + kFlashKeyTile * br;       // (Ev, br)
-  float* m = ot + t.Ev * br;                      // (br)
-  float* l = m + br;                              // (br)
+  float* m = ot + t.Ev * br;                      // (br): running max, base-2 logits
+  float* l = m + br;                              // (br): running sum
   int64_t lo, hi;
   key_range(t.i0, t.rows, t.S, t.band, lo, hi);
   const bool weights_pass = t.weights != nullptr;
+  const Vec lowest = Vec::set1(-3.402823466e38f);
 
-  if (weights_pass) {  // m holds lse·log2e (+inf for a fully masked row: P = 0)
-    for (int64_t i = 0; i < br; ++i) m[i] = i < t.rows && t.lse[i] != -__builtin_inff() ? t.lse[i] * kLog2e : __builtin_inff();
+  if (weights_pass) {  // m holds lse·log2e (+inf for a fully masked or pad row: P = 0)
+    for (int64_t i = 0; i < br; ++i)
+      m[i] = i < t.rows && t.lse[i] != -__builtin_inff() ? t.lse[i] * kLog2e : __builtin_inff();
     for (int64_t i = 0; i < t.rows; ++i)
       for (int64_t j = 0; j < t.S; ++j) t.weights[i * t.weights_row + j] = 0.0f;
   } else {
-    for (int64_t i = 0; i < br; ++i) m[i] = -__builtin_inff(), l[i] = 0.0f;
+    for (int64_t i = 0; i < br; ++i) m[i] = -3.402823466e38f, l[i] = 0.0f;
     for (int64_t x = 0; x < t.Ev * br; ++x) ot[x] = 0.0f;
   }
 
   for (int64_t j0 = lo; j0 < hi; j0 += kFlashKeyTile) {
     const int64_t cols = min64(kFlashKeyTile, hi - j0);
     gemm<false>(cols, br, t.E, t.k + j0 * t.k_row, t.k_row, 1, t.qt, br, st, br);
-    finish_scores(st, br, t.logit_scale, t.i0, t.rows, j0, cols, t.band, t.mask, t.mask_row, t.mask_col);
+    const Vec c = Vec::set1(
+        finish_scores(st, br, t.logit_scale, t.i0, t.rows, j0, cols, t.band, t.mask, t.mask_row, t.mask_col));
     if (t.dropout.fill) t.dropout.fill(t.dropout.ctx, t.i0, t.rows, j0, cols, factors, br);
 
     if (weights_pass) {
-      for (int64_t c = 0; c < nv; ++c) {
-        const Vec lse2 = Vec::load(m + c * W);
+      for (int64_t v = 0; v < nv; ++v) {
+        const Vec lse2 = Vec::load(m + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          Vec p = exp2(Vec::load(st + j * br + c * W) - lse2);
-          if (t.dropout.fill) p = p * Vec::load(factors + j * br + c * W);
-          p.store(st + j * br + c * W);
+          Vec p = exp2(Vec::load(st + j * br + v * W) * c - lse2);
+          if (t.dropout.fill) p = p * Vec::load(factors + j * br + v * W);
+          p.store(st + j * br + v * W);
         }
       }
       for (int64_t i = 0; i < t.rows; ++i)
@@ -155,24 +163,33 @@ inline void forward_tile(const FlashForwardTile& t) {
       continue;
     }
 
-    for (int64_t c = 0; c < nv; ++c) {
-      const Vec m_old = Vec::load(m + c * W);
-      Vec m_new = m_old;
-      for (int64_t j = 0; j < cols; ++j) m_new = max(m_new, Vec::load(st + j * br + c * W));
+    bool rescale = false;
+    float alpha_lanes[kFlashQueryTileMax];
+    for (int64_t v = 0; v < nv; ++v) {
+      Vec raw_max = Vec::load(st + v * W);
+      for (int64_t j = 1; j < cols; ++j) raw_max = max(raw_max, Vec::load(st + j * br + v * W));
+      // The multiplier is positive, so the max of raw scores gives the max of logits.
       // -FLT_MAX instead of -inf keeps (-inf) - (-inf) = NaN out of exp2.
-      m_new = max(m_new, Vec::set1(-3.402823466e38f));
+      const Vec m_old = Vec::load(m + v * W);
+      const Vec m_new = max(m_old, max(raw_max * c, lowest));
+      const Vec neg_m = Vec::zero() - m_new;
       Vec sum = Vec::zero();
       for (int64_t j = 0; j < cols; ++j) {
-        Vec p = exp2(Vec::load(st + j * br + c * W) - m_new);
+        Vec p = exp2(fma(Vec::load(st + j * br + v * W), c, neg_m));
         sum = sum + p;
-        if (t.dropout.fill) p = p * Vec::load(factors + j * br + c * W);
-        p.store(st + j * br + c * W);
+        if (t.dropout.fill) p = p * Vec::load(factors + j * br + v * W);
+        p.store(st + j * br + v * W);
       }
       const Vec alpha = exp2(m_old - m_new);
-      (fma(Vec::load(l + c * W), alpha, sum)).store(l + c * W);
-      m_new.store(m + c * W);
-      for (int64_t e = 0; e < t.Ev; ++e) (Vec::load(ot + e * br + c * W) * alpha).store(ot + e * br + c * W);
+      fma(Vec::load(l + v * W), alpha, sum).store(l + v * W);
+      m_new.store(m + v * W);
+      alpha.store(alpha_lanes + v * W);
     }
+    for (int64_t i = 0; i < br; ++i) rescale |= alpha_lanes[i] != 1.0f;
+    if (rescale)  // once the row maxima settle, alpha = 1 and O_T needs no rescaling
+      for (int64_t e = 0; e < t.Ev; ++e)
+        for (int64_t v = 0; v < nv; ++v)
+          (Vec::load(ot + e * br + v * W) * Vec::load(alpha_lanes + v * W)).store(ot + e * br + v * W);
     // O_T (Ev × br) += V_tileᵀ · P_T: A(e, j) = V[j0 + j][e].
     gemm<true>(t.Ev, br, cols, t.v + j0 * t.v_row, 1, t.v_row, st, br, ot, br);
   }
@@ -189,13 +206,14 @@ inline void forward_tile(const FlashForwardTile& t) {
 
 inline void backward_head(const FlashBackwardHead& h) {
   const int64_t br = h.br, nv = br / W;
-  float* st = h.scratch;                      // (Bc, br): scores, then P
-  float* dpt = st + kFlashKeyTile * br;       // (Bc, br): dP, then dS
-  float* pdrop = dpt + kFlashKeyTile * br;    // (Bc, br): P∘F
-  float* factors = pdrop + kFlashKeyTile * br;
+  float* st = h.scratch;                         // (Bc, br): scores, then P
+  float* dst = st + kFlashKeyTile * br;          // (Bc, br): dP, then dS·scale
+  float* pdrop = dst + kFlashKeyTile * br;       // (Bc, br): P∘F
+  float* factors = pdrop + kFlashKeyTile * br;   // (Bc, br)
   float* dk_acc = factors + kFlashKeyTile * br;  // (Bc, E_pad)
   float* dv_acc = dk_acc + kFlashKeyTile * h.E_pad;  // (Bc, Ev_pad)
   const bool drop = h.dropout.fill != nullptr;
+  const Vec scale = Vec::set1(h.scale);
 
   for (int64_t j0 = 0; j0 < h.S; j0 += kFlashKeyTile) {
     const int64_t cols = min64(kFlashKeyTile, h.S - j0);
@@ -206,36 +224,34 @@ inline void backward_head(const FlashBackwardHead& h) {
     const int64_t q_hi = min64(h.L, j0 + cols - h.band.lo_shift);
     for (int64_t i0 = q_lo / br * br; i0 < q_hi; i0 += br) {
       const int64_t rows = min64(br, h.L - i0), tile = i0 / br;
-      const float* qt = h.qt + tile * h.E * br;
-      const float* dot = h.dot + tile * h.Ev * br;
-      gemm<false>(cols, br, h.E, h.k + j0 * h.k_row, h.k_row, 1, qt, br, st, br);
-      finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band, h.mask ? h.mask + i0 * h.mask_row : nullptr,
-                    h.mask_row, h.mask_col);
-      gemm<false>(cols, br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, dot, br, dpt, br);
+      gemm<false>(cols, br, h.E, h.k + j0 * h.k_row, h.k_row, 1, h.qt + tile * h.E * br, br, st, br);
+      const Vec c = Vec::set1(finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band,
+                                            h.mask ? h.mask + i0 * h.mask_row : nullptr, h.mask_row, h.mask_col));
+      gemm<false>(cols, br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, h.dot + tile * h.Ev * br, br, dst, br);
       if (drop) h.dropout.fill(h.dropout.ctx, i0, rows, j0, cols, factors, br);
-      for (int64_t c = 0; c < nv; ++c) {
-        const Vec lse2 = Vec::load(h.lse2 + i0 + c * W), delta = Vec::load(h.delta + i0 + c * W);
+      for (int64_t v = 0; v < nv; ++v) {
+        const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          const Vec p = exp2(Vec::load(st + j * br + c * W) - lse2);
-          Vec dp = Vec::load(dpt + j * br + c * W);
+          const Vec p = exp2(Vec::load(st + j * br + v * W) * c - lse2);
+          Vec dp = Vec::load(dst + j * br + v * W);
           Vec pd = p;
           if (drop) {
-            const Vec f = Vec::load(factors + j * br + c * W);
+            const Vec f = Vec::load(factors + j * br + v * W);
             pd = p * f;
             dp = dp * f;
           }
-          pd.store(pdrop + j * br + c * W);
-          (p * (dp - delta)).store(dpt + j * br + c * W);  // dS_T
+          pd.store(pdrop + j * br + v * W);
+          ((p * scale) * (dp - delta)).store(dst + j * br + v * W);  // dS_T · scale
         }
       }
-      // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += dS_T · Q_tile.
-      gemm<true>(cols, h.Ev_pad, rows, pdrop, br, 1, h.dout + i0 * h.Ev_pad, h.Ev_pad, dv_acc, h.Ev_pad);
-      gemm<true>(cols, h.E_pad, rows, dpt, br, 1, h.q + i0 * h.E_pad, h.E_pad, dk_acc, h.E_pad);
-      // dQ_T (E × br) += K_tileᵀ · dS_T: A(e, j) = K[j0 + j][e].
-      gemm<true>(h.E, br, cols, h.k + j0 * h.k_row, 1, h.k_row, dpt, br, h.dqt + tile * h.E * br, br);
+      // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += (dS·scale)_T · Q_tile.
+      gemm<true>(cols, h.Ev_pad, rows, pdrop, br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad);
+      gemm<true>(cols, h.E_pad, rows, dst, br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad);
+      // dQ_tile (rows × E_pad) += (dS·scale) · K_tile: A(i, j) = dS_T[j][i].
+      gemm<true>(rows, h.E_pad, cols, dst, 1, br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row);
     }
     for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t e = 0; e < h.E; ++e) h.dk[(j0 + j) * h.dk_row + e] = dk_acc[j * h.E_pad + e] * h.scale;
+      for (int64_t e = 0; e < h.E; ++e) h.dk[(j0 + j) * h.dk_row + e] = dk_acc[j * h.E_pad + e];
       for (int64_t e = 0; e < h.Ev; ++e) h.dv[(j0 + j) * h.dv_row + e] = dv_acc[j * h.Ev_pad + e];
     }
   }
