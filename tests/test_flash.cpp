@@ -172,6 +172,30 @@ TEST_P(EachIsa, ErrorWithinTwiceTheReferenceError) {
   }
 }
 
+TEST_P(EachIsa, Bfloat16ErrorWithinTwiceTheReferenceError) {
+  // Against float64 on the same bf16-rounded inputs: |fused - truth| <= 2 |reference - truth|,
+  // where both bf16 paths round their outputs to bf16 (the AVX512-BF16 kernel also rounds P).
+  Tensor q = random_tensor({2, 4, 257, 64}, 1, DType::bfloat16), k = random_tensor({2, 4, 250, 64}, 2, DType::bfloat16),
+         v = random_tensor({2, 4, 250, 64}, 3, DType::bfloat16), dout = random_tensor({2, 4, 257, 64}, 4, DType::bfloat16);
+  auto run = [&](DType dtype, AttentionPath path) {
+    AttentionOptions o{.causal = Causal::top_left, .path = path};
+    Tensor qc = q.to(dtype), kc = k.to(dtype), vc = v.to(dtype), dc = dout.to(dtype);
+    AttentionOutput f = attention_forward(qc, kc, vc, o);
+    AttentionGradients g = attention_backward(dc, qc, kc, vc, f, o);
+    return std::vector<Tensor>{f.out, g.dquery, g.dkey, g.dvalue};
+  };
+  std::vector<Tensor> truth = run(DType::float64, AttentionPath::reference),
+                      ref = run(DType::bfloat16, AttentionPath::reference),
+                      fused = run(DType::bfloat16, AttentionPath::fused);
+  const char* names[] = {"out", "dquery", "dkey", "dvalue"};
+  for (size_t i = 0; i < truth.size(); ++i) {
+    const double e_ref = max_abs_diff(ref[i], truth[i]), e_fused = max_abs_diff(fused[i], truth[i]);
+    EXPECT_LE(e_fused, 2 * e_ref) << names[i];
+    std::printf("  %-7s bf16 %-6s error vs float64: reference %.2e, fused %.2e (%.2fx)\n",
+                cpu::to_string(GetParam()).c_str(), names[i], e_ref, e_fused, e_fused / e_ref);
+  }
+}
+
 TEST_P(EachIsa, DeterministicAcrossThreadCounts) {
   Tensor q = random_tensor({3, 4, 100, 32}, 1, DType::float32), k = random_tensor({3, 2, 90, 32}, 2, DType::float32),
          v = random_tensor({3, 2, 90, 16}, 3, DType::float32), dout = random_tensor({3, 4, 100, 16}, 4, DType::float32);

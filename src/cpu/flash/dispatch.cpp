@@ -137,6 +137,57 @@ FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width) {
   return r;
 }
 
+// bf16 rows for the AVX512-BF16 kernel: key rows (even row stride, E padded
+// to even with zeros) and values regrouped in key pairs (S2, Ev, 2).
+struct Bf16Operands {
+  Tensor keys, values;
+  std::vector<int64_t> key_offset, value_offset;
+  int64_t key_row = 0;
+};
+
+Bf16Operands bf16_operands(const AttentionParams& p) {
+  Bf16Operands o;
+  const int64_t E2 = (p.E + 1) / 2, S2 = (p.S + 1) / 2, Ev = p.Ev;
+  const Tensor& k = p.k;
+  if (k.stride(-1) == 1 && p.E % 2 == 0 && k.stride(-2) % 2 == 0 && k.offset() % 2 == 0) {
+    o.keys = k;
+  } else {
+    Shape padded = k.shape();
+    padded.back() = 2 * E2;
+    o.keys = Tensor::zeros(padded, DType::bfloat16);
+    o.keys.slice(-1, 0, p.E).copy_(k);
+  }
+  o.key_offset = batch_offsets(p.batch_shape, leading(o.keys.shape()), leading(o.keys.strides()));
+  o.key_row = o.keys.stride(-2);
+  // values (…, S, Ev) → (…, S2, Ev, 2): element (j, e) at ((j/2)·Ev + e)·2 + j%2.
+  const Tensor v = p.v.contiguous();
+  Shape pairs = leading(v.shape());
+  pairs.push_back(2 * S2);
+  pairs.push_back(Ev);
+  o.values = Tensor::zeros(pairs, DType::bfloat16);
+  const bfloat16* src = v.data<bfloat16>();
+  bfloat16* dst = o.values.data<bfloat16>();
+  const int64_t heads = shape_numel(leading(v.shape()));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < p.S; ++j)
+      for (int64_t e = 0; e < Ev; ++e) dst[h * 2 * S2 * Ev + ((j / 2) * Ev + e) * 2 + j % 2] = src[(h * p.S + j) * Ev + e];
+  o.value_offset = batch_offsets(p.batch_shape, leading(o.values.shape()), leading(o.values.strides()));
+  return o;
+}
+
+bool use_bf16_kernel(const AttentionParams& p) {
+  return p.dtype == DType::bfloat16 && active_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+}
+
+// qt2 (ceil(E/2), br, 2) = query pairs (e, e+1) of rows [i0, i0+rows) as bf16; pads 0.
+void pack_query_pairs(const bfloat16* q, int64_t row, int64_t col, int64_t i0, int64_t rows, int64_t E, int64_t br,
+                      uint16_t* qt2) {
+  const int64_t E2 = (E + 1) / 2;
+  std::memset(qt2, 0, size_t(E2 * br * 2) * sizeof(uint16_t));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t e = 0; e < E; ++e) qt2[((e / 2) * br + i) * 2 + e % 2] = q[(i0 + i) * row + e * col].bits;
+}
+
 // Whether an input reads one distinct block per output batch entry, in order
 // (no broadcast, no grouped heads): then its gradient needs no reduction.
 bool one_to_one(const Tensor& t, const AttentionParams& p) { return leading(t.shape()) == p.batch_shape; }
@@ -199,7 +250,11 @@ void force_isa(std::optional<Isa> isa) {
 void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
   const int64_t br = kQueryTile, tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
-  const FloatRows keys = float_rows(p.k, p, E), values = float_rows(p.v, p, Ev);
+  const bool bf16_kernel = use_bf16_kernel(p);
+  const FloatRows keys = bf16_kernel ? FloatRows{} : float_rows(p.k, p, E);
+  const FloatRows values = bf16_kernel ? FloatRows{} : float_rows(p.v, p, Ev);
+  const Bf16Operands pairs = bf16_kernel ? bf16_operands(p) : Bf16Operands{};
+  void (*forward_tile)(const FlashForwardTile&) = bf16_kernel ? &flash_forward_tile_bf16_avx512 : k.forward_tile;
   const Loader q{p.q.raw_data(), p.dtype};
   const bool float_out = p.dtype == DType::float32;
   const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
@@ -211,14 +266,22 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < p.batch * tiles; ++item) {
     const int64_t b = item / tiles, i0 = item % tiles * br, rows = std::min(br, L - i0);
-    float* qt = thread_scratch(0, E * br);
-    pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, 1.0f, qt);
     const DropoutContext drop{p.dropout_seed, uint64_t(b), threshold, drop_scale};
     FlashForwardTile t{};
-    t.qt = qt;
+    if (bf16_kernel) {
+      uint16_t* qt2 = reinterpret_cast<uint16_t*>(thread_scratch(0, (E + 1) / 2 * br));
+      pack_query_pairs(p.q.data<bfloat16>() + p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, qt2);
+      t.qt2 = qt2;
+      t.k16 = &pairs.keys.data<bfloat16>()[pairs.key_offset[size_t(b)]].bits, t.k16_row = pairs.key_row;
+      t.v2 = &pairs.values.data<bfloat16>()[pairs.value_offset[size_t(b)]].bits;
+    } else {
+      float* qt = thread_scratch(0, E * br);
+      pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, 1.0f, qt);
+      t.qt = qt;
+      t.k = keys.at(b), t.k_row = keys.row;
+      t.v = values.at(b), t.v_row = values.row;
+    }
     t.logit_scale = logit_scale;
-    t.k = keys.at(b), t.k_row = keys.row;
-    t.v = values.at(b), t.v_row = values.row;
     t.mask = mask ? mask + p.mask_offset[size_t(b)] + i0 * p.mask_row : nullptr;
     t.mask_row = p.mask_row, t.mask_col = p.mask_col;
     t.i0 = i0, t.rows = rows, t.S = S, t.E = E, t.Ev = Ev, t.br = br;
@@ -227,8 +290,8 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     t.out = float_out ? r.out.data<float>() + (b * L + i0) * Ev : thread_scratch(2, br * Ev);
     t.out_row = Ev;
     t.lse = lse + b * L + i0;
-    t.scratch = thread_scratch(1, flash_forward_scratch(E, Ev, br));
-    k.forward_tile(t);
+    t.scratch = thread_scratch(1, flash_forward_scratch(E, Ev, br) + flash_bf16_scratch(br));
+    forward_tile(t);
     if (!float_out) {
       bfloat16* o = r.out.data<bfloat16>() + (b * L + i0) * Ev;
       for (int64_t x = 0; x < rows * Ev; ++x) o[x] = bfloat16(t.out[x]);
@@ -236,7 +299,7 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     if (p.return_weights) {  // a second pass: P = exp(s - lse), now that lse is known
       t.weights = float_out ? r.weights.data<float>() + (b * L + i0) * S : thread_scratch(3, br * S);
       t.weights_row = S;
-      k.forward_tile(t);
+      forward_tile(t);
       if (!float_out) {
         bfloat16* w = r.weights.data<bfloat16>() + (b * L + i0) * S;
         for (int64_t x = 0; x < rows * S; ++x) w[x] = bfloat16(t.weights[x]);

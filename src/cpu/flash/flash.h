@@ -46,6 +46,12 @@ struct FlashForwardTile {
   float* weights;             // null, or weights row i0 (rows weights_row apart, S floats): then
   int64_t weights_row;        //   lse is an input and only the weights are written
   float* scratch;             // flash_forward_scratch(E, Ev, br) floats, 64-byte aligned
+                              // (+ flash_bf16_scratch(br) for the bfloat16 kernel)
+  // The bfloat16 kernel only: operands in pairs along each product's reduction.
+  const uint16_t* qt2;        // (ceil(E/2), br, 2): query pairs (e, e+1) per lane; zero pad
+  const uint16_t* k16;        // bf16 key rows, k16_row apart (even), 2·ceil(E/2) readable (zero pad)
+  int64_t k16_row;
+  const uint16_t* v2;         // this entry's values as (ceil(S/2), Ev, 2): pairs (j, j+1); zero pad
 };
 
 // One batch entry, all of it (deterministic: one thread, fixed order).
@@ -90,6 +96,7 @@ inline int64_t flash_forward_scratch(int64_t E, int64_t Ev, int64_t br) {
   (void)E;
   return 2 * kFlashKeyTile * br + Ev * br + 2 * br + 64;
 }
+inline int64_t flash_bf16_scratch(int64_t br) { return kFlashKeyTile * br / 2 + 64; }
 inline int64_t flash_backward_scratch(int64_t E_pad, int64_t Ev_pad, int64_t br) {
   return 4 * kFlashKeyTile * br + kFlashKeyTile * (E_pad + Ev_pad) + 64;
 }
@@ -103,5 +110,7 @@ MHA_DECLARE_FLASH_KERNELS(scalar)
 MHA_DECLARE_FLASH_KERNELS(avx2)
 MHA_DECLARE_FLASH_KERNELS(avx512)
 #undef MHA_DECLARE_FLASH_KERNELS
+// Needs AVX512-BF16.
+void flash_forward_tile_bf16_avx512(const FlashForwardTile& t);
 
 }  // namespace mha::cpu

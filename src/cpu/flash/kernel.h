@@ -59,6 +59,8 @@ inline void micro(const float* A, int64_t ar, int64_t ak, const float* B, int64_
     for (int v = 0; v < NV; ++v) acc[r][v].store(C + r * ldc + v * W);
 }
 
+static_assert(kMR <= 16, "micro_rows handles up to 16 rows");
+
 template <int NV, bool ACC>
 inline void micro_rows(int64_t rows, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb, float* C,
                        int64_t ldc, int64_t K) {
@@ -67,6 +69,8 @@ inline void micro_rows(int64_t rows, const float* A, int64_t ar, int64_t ak, con
   case n: return micro<(n < kMR ? n : kMR), NV, ACC>(A, ar, ak, B, ldb, C, ldc, K);
     MHA_ROWS_CASE(1) MHA_ROWS_CASE(2) MHA_ROWS_CASE(3) MHA_ROWS_CASE(4)
     MHA_ROWS_CASE(5) MHA_ROWS_CASE(6) MHA_ROWS_CASE(7) MHA_ROWS_CASE(8)
+    MHA_ROWS_CASE(9) MHA_ROWS_CASE(10) MHA_ROWS_CASE(11) MHA_ROWS_CASE(12)
+    MHA_ROWS_CASE(13) MHA_ROWS_CASE(14) MHA_ROWS_CASE(15) MHA_ROWS_CASE(16)
 #undef MHA_ROWS_CASE
     default: return;
   }
@@ -120,7 +124,22 @@ inline void key_range(int64_t i0, int64_t rows, int64_t S, Band b, int64_t& lo, 
   hi = min64(S, i0 + rows - 1 + b.hi_shift);
 }
 
-inline void forward_tile(const FlashForwardTile& t) {
+// The forward's two products on float32 operands.
+struct FloatProducts {
+  const FlashForwardTile& t;
+  static constexpr int64_t key_align = 1;
+  // S_T (cols × br) = K[j0 …] · Q_T
+  void scores(int64_t j0, int64_t cols, float* st) const {
+    gemm<false>(cols, t.br, t.E, t.k + j0 * t.k_row, t.k_row, 1, t.qt, t.br, st, t.br);
+  }
+  // O_T (Ev × br) += V[j0 …]ᵀ · P_T: A(e, j) = V[j0 + j][e].
+  void accumulate(int64_t j0, int64_t cols, const float* pt, float* ot) const {
+    gemm<true>(t.Ev, t.br, cols, t.v + j0 * t.v_row, 1, t.v_row, pt, t.br, ot, t.br);
+  }
+};
+
+template <class Products>
+void forward_tile_with(const FlashForwardTile& t, const Products& products) {
   const int64_t br = t.br, nv = br / W;
   float* st = t.scratch;                          // (Bc, br)
   float* factors = st + kFlashKeyTile * br;       // (Bc, br)
@@ -142,9 +161,10 @@ inline void forward_tile(const FlashForwardTile& t) {
     for (int64_t x = 0; x < t.Ev * br; ++x) ot[x] = 0.0f;
   }
 
-  for (int64_t j0 = lo; j0 < hi; j0 += kFlashKeyTile) {
+  // Products that pair keys start at an even key; the extra key is outside the band.
+  for (int64_t j0 = lo / Products::key_align * Products::key_align; j0 < hi; j0 += kFlashKeyTile) {
     const int64_t cols = min64(kFlashKeyTile, hi - j0);
-    gemm<false>(cols, br, t.E, t.k + j0 * t.k_row, t.k_row, 1, t.qt, br, st, br);
+    products.scores(j0, cols, st);
     const Vec c = Vec::set1(
         finish_scores(st, br, t.logit_scale, t.i0, t.rows, j0, cols, t.band, t.mask, t.mask_row, t.mask_col));
     if (t.dropout.fill) t.dropout.fill(t.dropout.ctx, t.i0, t.rows, j0, cols, factors, br);
@@ -190,8 +210,7 @@ inline void forward_tile(const FlashForwardTile& t) {
       for (int64_t e = 0; e < t.Ev; ++e)
         for (int64_t v = 0; v < nv; ++v)
           (Vec::load(ot + e * br + v * W) * Vec::load(alpha_lanes + v * W)).store(ot + e * br + v * W);
-    // O_T (Ev × br) += V_tileᵀ · P_T: A(e, j) = V[j0 + j][e].
-    gemm<true>(t.Ev, br, cols, t.v + j0 * t.v_row, 1, t.v_row, st, br, ot, br);
+    products.accumulate(j0, cols, st, ot);
   }
   if (weights_pass) return;
 
@@ -203,6 +222,91 @@ inline void forward_tile(const FlashForwardTile& t) {
     t.lse[i] = li > 0.0f ? (m[i] + __builtin_log2f(li)) * kLn2 : -__builtin_inff();
   }
 }
+
+inline void forward_tile(const FlashForwardTile& t) { forward_tile_with(t, FloatProducts{t}); }
+
+#if defined(MHA_SIMD_AVX512)
+// bfloat16 products with AVX512-BF16: vdpbf16ps multiplies pairs of bf16 and
+// adds both products into one float lane, so operands are stored in pairs
+// along the reduction: queries (e, e+1), values (j, j+1), probabilities (j, j+1).
+
+// C[r][c] (+)= Σ_k2 A2[r·ar + k2·ak] · B2[k2][c], where A2 holds one bf16 pair
+// per 32-bit word and B2 rows hold W lanes × 2 bf16.
+template <int MR, int NV, bool ACC>
+inline void micro_bf16(const uint32_t* A, int64_t ar, int64_t ak, const uint16_t* B, int64_t ldb, float* C,
+                       int64_t ldc, int64_t K2) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = ACC ? _mm512_loadu_ps(C + r * ldc + v * W) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < K2; ++k) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k * ldb + v * 2 * W);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int(A[r * ar + k * ak]));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * W, acc[r][v]);
+}
+
+template <int NV, bool ACC>
+inline void micro_bf16_rows(int64_t rows, const uint32_t* A, int64_t ar, int64_t ak, const uint16_t* B, int64_t ldb,
+                            float* C, int64_t ldc, int64_t K2) {
+  switch (rows) {
+#define MHA_ROWS_CASE(n) \
+  case n: return micro_bf16<(n < kMR ? n : kMR), NV, ACC>(A, ar, ak, B, ldb, C, ldc, K2);
+    MHA_ROWS_CASE(1) MHA_ROWS_CASE(2) MHA_ROWS_CASE(3) MHA_ROWS_CASE(4)
+    MHA_ROWS_CASE(5) MHA_ROWS_CASE(6) MHA_ROWS_CASE(7) MHA_ROWS_CASE(8)
+#undef MHA_ROWS_CASE
+    default: return;
+  }
+}
+
+template <bool ACC>
+void gemm_bf16(int64_t R, int64_t N, int64_t K2, const uint32_t* A, int64_t ar, int64_t ak, const uint16_t* B,
+               int64_t ldb, float* C, int64_t ldc) {
+  int64_t c0 = 0;
+  for (; c0 + kNV * W <= N; c0 += kNV * W)
+    for (int64_t r0 = 0; r0 < R; r0 += kMR)
+      micro_bf16_rows<kNV, ACC>(min64(kMR, R - r0), A + r0 * ar, ar, ak, B + 2 * c0, ldb, C + r0 * ldc + c0, ldc, K2);
+  for (; c0 < N; c0 += W)
+    for (int64_t r0 = 0; r0 < R; r0 += kMR)
+      micro_bf16_rows<1, ACC>(min64(kMR, R - r0), A + r0 * ar, ar, ak, B + 2 * c0, ldb, C + r0 * ldc + c0, ldc, K2);
+}
+
+struct Bf16Products {
+  const FlashForwardTile& t;
+  uint16_t* pt2;  // (Bc/2, br, 2): probabilities in key pairs
+  static constexpr int64_t key_align = 2;
+
+  void scores(int64_t j0, int64_t cols, float* st) const {
+    const int64_t e2 = (t.E + 1) / 2;
+    gemm_bf16<false>(cols, t.br, e2, reinterpret_cast<const uint32_t*>(t.k16 + j0 * t.k16_row), t.k16_row / 2, 1,
+                     t.qt2, 2 * t.br, st, t.br);
+  }
+  void accumulate(int64_t j0, int64_t cols, const float* pt, float* ot) const {
+    // Interleave rows j and j+1 lane by lane: [p_j(i), p_j+1(i)] for each query i.
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const int64_t pairs = (cols + 1) / 2;
+    for (int64_t j2 = 0; j2 < pairs; ++j2)
+      for (int64_t v = 0; v < t.br / W; ++v) {
+        const __m512 x = _mm512_loadu_ps(pt + 2 * j2 * t.br + v * W);
+        const __m512 y = 2 * j2 + 1 < cols ? _mm512_loadu_ps(pt + (2 * j2 + 1) * t.br + v * W) : _mm512_setzero_ps();
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(y, x);  // low half x, high half y
+        _mm512_storeu_si512(pt2 + (j2 * t.br + v * W) * 2, _mm512_permutexvar_epi16(interleave, both));
+      }
+    gemm_bf16<true>(t.Ev, t.br, pairs, reinterpret_cast<const uint32_t*>(t.v2 + j0 * t.Ev), 1, t.Ev, pt2, 2 * t.br,
+                    ot, t.br);
+  }
+};
+
+inline void forward_tile_bf16(const FlashForwardTile& t) {
+  uint16_t* pt2 = reinterpret_cast<uint16_t*>(t.scratch + flash_forward_scratch(t.E, t.Ev, t.br));
+  forward_tile_with(t, Bf16Products{t, pt2});
+}
+#endif
 
 inline void backward_head(const FlashBackwardHead& h) {
   const int64_t br = h.br, nv = br / W;
