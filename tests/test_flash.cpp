@@ -197,19 +197,36 @@ TEST_P(EachIsa, Bfloat16ErrorWithinTwiceTheReferenceError) {
 }
 
 TEST_P(EachIsa, DeterministicAcrossThreadCounts) {
-  Tensor q = random_tensor({3, 4, 100, 32}, 1, DType::float32), k = random_tensor({3, 2, 90, 32}, 2, DType::float32),
-         v = random_tensor({3, 2, 90, 16}, 3, DType::float32), dout = random_tensor({3, 4, 100, 16}, 4, DType::float32);
-  AttentionOptions o{.causal = Causal::bottom_right, .dropout_p = 0.2, .dropout_seed = 5, .path = AttentionPath::fused};
-  const int saved = omp_get_max_threads();
-  std::vector<std::vector<double>> results[2];
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
-    AttentionOutput f = attention_forward(q, k, v, o);
-    AttentionGradients g = attention_backward(dout, q, k, v, f, o);
-    results[threads - 1] = {f.out.to_vector(), g.dquery.to_vector(), g.dkey.to_vector(), g.dvalue.to_vector()};
+  // 12 entries: one entry per work item on any thread count. 1 entry: one
+  // thread runs it whole, two threads split it into key and query tiles.
+  // The bits must not change either way.
+  for (int64_t heads : {12, 1}) {
+    SCOPED_TRACE("entries " + std::to_string(heads));
+    const int64_t kv_heads = heads == 12 ? 6 : 1;
+    Tensor q = random_tensor({heads, 300, 32}, 1, DType::float32), k = random_tensor({kv_heads, 290, 32}, 2, DType::float32),
+           v = random_tensor({kv_heads, 290, 16}, 3, DType::float32), dout = random_tensor({heads, 300, 16}, 4, DType::float32);
+    if (heads == 12) q = q.view({2, 6, 300, 32}), dout = dout.view({2, 6, 300, 16}), k = k.view({1, 6, 290, 32}),
+                     v = v.view({1, 6, 290, 16});
+    AttentionOptions o{.causal = Causal::bottom_right, .dropout_p = 0.2, .dropout_seed = 5, .path = AttentionPath::fused};
+    const int saved = omp_get_max_threads();
+    std::vector<std::vector<double>> results[2];
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      AttentionOutput f = attention_forward(q, k, v, o);
+      AttentionGradients g = attention_backward(dout, q, k, v, f, o);
+      results[threads - 1] = {f.out.to_vector(), g.dquery.to_vector(), g.dkey.to_vector(), g.dvalue.to_vector()};
+    }
+    omp_set_num_threads(saved);
+    EXPECT_EQ(results[0], results[1]);
+    // And the split result is right: compare with the reference path.
+    AttentionOptions r = o;
+    r.path = AttentionPath::reference;
+    AttentionOutput f = attention_forward(q, k, v, r);
+    AttentionGradients g = attention_backward(dout, q, k, v, f, r);
+    EXPECT_LE(max_abs_diff(Tensor::from_values(results[1][1], g.dquery.shape()), g.dquery), 1e-4);
+    EXPECT_LE(max_abs_diff(Tensor::from_values(results[1][2], g.dkey.shape()), g.dkey), 1e-4);
+    EXPECT_LE(max_abs_diff(Tensor::from_values(results[1][3], g.dvalue.shape()), g.dvalue), 1e-4);
   }
-  omp_set_num_threads(saved);
-  EXPECT_EQ(results[0], results[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Flash, EachIsa, ::testing::ValuesIn(cpu::supported_isas()), isa_name);

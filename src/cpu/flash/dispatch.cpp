@@ -308,20 +308,81 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   }
 }
 
+namespace {
+
+// Everything the backward of one call shares between batch entries.
+struct BackwardPlan {
+  const AttentionParams& p;
+  Kernels kernels;
+  int64_t br, W, L, S, E, Ev, tiles, L_pad, E_pad, Ev_pad;
+  FloatRows keys, values, queries, douts;
+  Tensor out, lse;
+  float* dq_base;
+  float* dk_base;
+  float* dv_base;
+  int64_t dq_pitch;
+  uint32_t threshold;
+  float drop_scale;
+
+  // Per-entry packed operands: Q and dO in transposed tiles, lse·log2e, D.
+  struct Packed {
+    float *qt, *dot, *lse2, *delta;
+  };
+  static int64_t packed_floats(int64_t L_pad, int64_t E, int64_t Ev) { return L_pad * (E + Ev + 2); }
+  Packed carve(float* base) const {
+    return {base, base + L_pad * E, base + L_pad * (E + Ev), base + L_pad * (E + Ev + 1)};
+  }
+
+  void pack(int64_t b, const Packed& d) const {
+    const Loader o{out.raw_data(), p.dtype};
+    const float* l = lse.data<float>();
+    const float* q_rows = queries.at(b);
+    const float* d_rows = douts.at(b);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t i0 = tile * br, rows = std::min(br, L - i0);
+      pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, d.qt + tile * E * br);
+      pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, d.dot + tile * Ev * br);
+    }
+    for (int64_t i = 0; i < L_pad; ++i) {
+      double delta = 0;
+      if (i < L)
+        for (int64_t e = 0; e < Ev; ++e) delta += double(d_rows[i * douts.row + e]) * double(o.at((b * L + i) * Ev + e));
+      const float li = i < L ? l[b * L + i] : -INFINITY;
+      d.lse2[i] = li == -INFINITY ? INFINITY : li * kLog2e;
+      d.delta[i] = float(delta);
+    }
+  }
+
+  FlashBackwardHead head(int64_t b, const Packed& d, const DropoutContext& drop, float* scratch) const {
+    FlashBackwardHead h{};
+    h.qt = d.qt, h.logit_scale = float(p.scale) * kLog2e;
+    h.q = queries.at(b), h.q_row = queries.row;
+    h.dot = d.dot, h.dout = douts.at(b), h.dout_row = douts.row;
+    h.lse2 = d.lse2, h.delta = d.delta;
+    h.k = keys.at(b), h.k_row = keys.row, h.v = values.at(b), h.v_row = values.row;
+    h.mask = p.mask.defined() ? p.mask.data<float>() + p.mask_offset[size_t(b)] : nullptr;
+    h.mask_row = p.mask_row, h.mask_col = p.mask_col;
+    h.L = L, h.S = S, h.E = E, h.Ev = Ev, h.E_pad = E_pad, h.Ev_pad = Ev_pad, h.br = br;
+    h.scale = float(p.scale);
+    h.band = band_of(p);
+    if (p.dropout_p > 0) h.dropout = {&fill_dropout, &drop};
+    h.dq = dq_base + b * L * dq_pitch, h.dq_row = dq_pitch;
+    h.dk = dk_base + b * S * E, h.dk_row = E;
+    h.dv = dv_base + b * S * Ev, h.dv_row = Ev;
+    h.scratch = scratch;
+    h.key_begin = 0, h.key_end = S, h.query_begin = 0, h.query_end = L;
+    h.want_dkdv = h.want_dq = true;
+    return h;
+  }
+};
+
+}  // namespace
+
 void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOutput& fwd,
                               AttentionGradients& g) {
   const Kernels k = kernels_for(active_isa());
   const int64_t br = kQueryTile, W = k.width, L = p.L, S = p.S, E = p.E, Ev = p.Ev;
-  const int64_t tiles = (L + br - 1) / br, L_pad = tiles * br, E_pad = round_up(E, W), Ev_pad = round_up(Ev, W);
-  const FloatRows keys = float_rows(p.k, p, E_pad), values = float_rows(p.v, p, Ev),
-                  queries = float_rows(p.q, p, E_pad), douts = float_rows(dout_t, p, Ev_pad);
-  const Tensor out_c = fwd.out.contiguous(), lse_c = fwd.lse.contiguous();
-  const Loader out{out_c.raw_data(), p.dtype};
-  const float* lse = lse_c.data<float>();
-  const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
-  const uint32_t threshold = dropout_threshold(p.dropout_p);
-  const float drop_scale = float(1.0 / (1.0 - p.dropout_p));
-
+  const int64_t tiles = (L + br - 1) / br, E_pad = round_up(E, W), Ev_pad = round_up(Ev, W);
   // Gradients go straight into the outputs when they are float32 rows that
   // need no reduction; else into per-entry buffers folded at the end.
   const bool f32 = p.dtype == DType::float32;
@@ -329,52 +390,51 @@ void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   const bool direct_k = f32 && one_to_one(p.k, p), direct_v = f32 && one_to_one(p.v, p);
   std::vector<float> dq_full(direct_q ? 0 : size_t(p.batch * L * E_pad)), dk_full(direct_k ? 0 : size_t(p.batch * S * E)),
       dv_full(direct_v ? 0 : size_t(p.batch * S * Ev));
-  float* dq_base = direct_q ? g.dquery.data<float>() : dq_full.data();
-  float* dk_base = direct_k ? g.dkey.data<float>() : dk_full.data();
-  float* dv_base = direct_v ? g.dvalue.data<float>() : dv_full.data();
-  const int64_t dq_pitch = direct_q ? E : E_pad;
+  const BackwardPlan plan{p, k, br, W, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
+                          float_rows(p.k, p, E_pad), float_rows(p.v, p, Ev), float_rows(p.q, p, E_pad),
+                          float_rows(dout_t, p, Ev_pad), fwd.out.contiguous(), fwd.lse.contiguous(),
+                          direct_q ? g.dquery.data<float>() : dq_full.data(),
+                          direct_k ? g.dkey.data<float>() : dk_full.data(),
+                          direct_v ? g.dvalue.data<float>() : dv_full.data(), direct_q ? E : E_pad,
+                          dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
+  std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
+  const int64_t packed = BackwardPlan::packed_floats(plan.L_pad, E, Ev), scratch = flash_backward_scratch(E_pad, Ev_pad, br);
 
+  if (p.batch >= omp_get_max_threads()) {
+    // Enough entries for every thread: one entry per work item, start to end.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = 0; b < p.batch; ++b) {
-    float* qt = thread_scratch(0, L_pad * E);
-    float* dot = thread_scratch(1, L_pad * Ev);
-    float* lse2 = thread_scratch(2, L_pad);
-    float* delta = thread_scratch(3, L_pad);
-    const float* q_rows = queries.at(b);
-    const float* d_rows = douts.at(b);
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t i0 = tile * br, rows = std::min(br, L - i0);
-      pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, qt + tile * E * br);
-      pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, dot + tile * Ev * br);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const BackwardPlan::Packed d = plan.carve(thread_scratch(0, packed));
+      plan.pack(b, d);
+      const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
+      k.backward_head(plan.head(b, d, drop, thread_scratch(1, scratch)));
     }
-    for (int64_t i = 0; i < L_pad; ++i) {
-      double d = 0;
-      if (i < L)
-        for (int64_t e = 0; e < Ev; ++e) d += double(d_rows[i * douts.row + e]) * double(out.at((b * L + i) * Ev + e));
-      const float l = i < L ? lse[b * L + i] : -INFINITY;
-      lse2[i] = l == -INFINITY ? INFINITY : l * kLog2e;
-      delta[i] = float(d);
+  } else {
+    // Few entries: split each into key tiles (dK, dV) and then query tiles
+    // (dQ). The products for S and dP are computed twice (7 products instead
+    // of 5), but every thread has work, and each gradient row is still summed
+    // by one work item in the same order as above: same bits either way.
+    std::vector<float> packed_all(size_t(p.batch * packed));
+    auto packed_of = [&](int64_t b) { return plan.carve(packed_all.data() + b * packed); };
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t b = 0; b < p.batch; ++b) plan.pack(b, packed_of(b));
+    const int64_t key_tiles = (S + kFlashKeyTile - 1) / kFlashKeyTile;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t item = 0; item < p.batch * key_tiles; ++item) {
+      const int64_t b = item / key_tiles, j0 = item % key_tiles * kFlashKeyTile;
+      const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
+      FlashBackwardHead h = plan.head(b, packed_of(b), drop, thread_scratch(1, scratch));
+      h.key_begin = j0, h.key_end = j0 + kFlashKeyTile, h.want_dq = false;
+      k.backward_head(h);
     }
-    float* dq = dq_base + b * L * dq_pitch;
-    std::memset(dq, 0, size_t(L * dq_pitch) * sizeof(float));
-    const DropoutContext drop{p.dropout_seed, uint64_t(b), threshold, drop_scale};
-    FlashBackwardHead h{};
-    h.qt = qt, h.logit_scale = float(p.scale) * kLog2e;
-    h.q = q_rows, h.q_row = queries.row;
-    h.dot = dot, h.dout = d_rows, h.dout_row = douts.row;
-    h.lse2 = lse2, h.delta = delta;
-    h.k = keys.at(b), h.k_row = keys.row, h.v = values.at(b), h.v_row = values.row;
-    h.mask = mask ? mask + p.mask_offset[size_t(b)] : nullptr;
-    h.mask_row = p.mask_row, h.mask_col = p.mask_col;
-    h.L = L, h.S = S, h.E = E, h.Ev = Ev, h.E_pad = E_pad, h.Ev_pad = Ev_pad, h.br = br;
-    h.scale = float(p.scale);
-    h.band = band_of(p);
-    if (p.dropout_p > 0) h.dropout = {&fill_dropout, &drop};
-    h.dq = dq, h.dq_row = dq_pitch;
-    h.dk = dk_base + b * S * E, h.dk_row = E;
-    h.dv = dv_base + b * S * Ev, h.dv_row = Ev;
-    h.scratch = thread_scratch(4, flash_backward_scratch(E_pad, Ev_pad, br));
-    k.backward_head(h);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t item = 0; item < p.batch * tiles; ++item) {
+      const int64_t b = item / tiles, i0 = item % tiles * br;
+      const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
+      FlashBackwardHead h = plan.head(b, packed_of(b), drop, thread_scratch(1, scratch));
+      h.query_begin = i0, h.query_end = i0 + br, h.want_dkdv = false;
+      k.backward_head(h);
+    }
   }
   if (!direct_q) {  // drop the padding, then fold
     std::vector<float> compact(size_t(p.batch * L * E));

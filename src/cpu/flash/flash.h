@@ -54,7 +54,7 @@ struct FlashForwardTile {
   const uint16_t* v2;         // this entry's values as (ceil(S/2), Ev, 2): pairs (j, j+1); zero pad
 };
 
-// One batch entry, all of it (deterministic: one thread, fixed order).
+// One batch entry, or the part of it given by the key and query ranges below.
 // "Rows" operands are read or written E_pad (Ev_pad) floats wide, a multiple
 // of the vector width: the dispatcher pads where the tensors are narrower.
 struct FlashBackwardHead {
@@ -84,6 +84,13 @@ struct FlashBackwardHead {
   float* dv;           // dV rows, dv_row apart: written (Ev floats)
   int64_t dv_row;
   float* scratch;      // flash_backward_scratch(E_pad, Ev_pad, br) floats, 64-byte aligned
+  // The part to compute: key tiles in [key_begin, key_end) (multiples of the
+  // key tile) against query tiles in [query_begin, query_end) (multiples of br),
+  // in ascending order. dK/dV need all queries of their keys and dQ all keys of
+  // its queries; every split visits the same products in the same order, so the
+  // results do not depend on how the work was divided.
+  int64_t key_begin, key_end, query_begin, query_end;
+  bool want_dkdv, want_dq;
 };
 
 // Largest query tile width a dispatcher may choose.

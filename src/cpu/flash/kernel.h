@@ -319,13 +319,15 @@ inline void backward_head(const FlashBackwardHead& h) {
   const bool drop = h.dropout.fill != nullptr;
   const Vec scale = Vec::set1(h.scale);
 
-  for (int64_t j0 = 0; j0 < h.S; j0 += kFlashKeyTile) {
+  for (int64_t j0 = h.key_begin; j0 < min64(h.S, h.key_end); j0 += kFlashKeyTile) {
     const int64_t cols = min64(kFlashKeyTile, h.S - j0);
-    for (int64_t x = 0; x < cols * h.E_pad; ++x) dk_acc[x] = 0.0f;
-    for (int64_t x = 0; x < cols * h.Ev_pad; ++x) dv_acc[x] = 0.0f;
+    if (h.want_dkdv) {
+      for (int64_t x = 0; x < cols * h.E_pad; ++x) dk_acc[x] = 0.0f;
+      for (int64_t x = 0; x < cols * h.Ev_pad; ++x) dv_acc[x] = 0.0f;
+    }
     // Queries that see any key of [j0, j0+cols): j >= i + lo and j < i + hi.
-    const int64_t q_lo = max64(0, j0 - h.band.hi_shift + 1);
-    const int64_t q_hi = min64(h.L, j0 + cols - h.band.lo_shift);
+    const int64_t q_lo = max64(h.query_begin, j0 - h.band.hi_shift + 1);
+    const int64_t q_hi = min64(min64(h.L, h.query_end), j0 + cols - h.band.lo_shift);
     for (int64_t i0 = q_lo / br * br; i0 < q_hi; i0 += br) {
       const int64_t rows = min64(br, h.L - i0), tile = i0 / br;
       gemm<false>(cols, br, h.E, h.k + j0 * h.k_row, h.k_row, 1, h.qt + tile * h.E * br, br, st, br);
@@ -348,12 +350,16 @@ inline void backward_head(const FlashBackwardHead& h) {
           ((p * scale) * (dp - delta)).store(dst + j * br + v * W);  // dS_T · scale
         }
       }
-      // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += (dS·scale)_T · Q_tile.
-      gemm<true>(cols, h.Ev_pad, rows, pdrop, br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad);
-      gemm<true>(cols, h.E_pad, rows, dst, br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad);
+      if (h.want_dkdv) {
+        // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += (dS·scale)_T · Q_tile.
+        gemm<true>(cols, h.Ev_pad, rows, pdrop, br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad);
+        gemm<true>(cols, h.E_pad, rows, dst, br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad);
+      }
       // dQ_tile (rows × E_pad) += (dS·scale) · K_tile: A(i, j) = dS_T[j][i].
-      gemm<true>(rows, h.E_pad, cols, dst, 1, br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row);
+      if (h.want_dq)
+        gemm<true>(rows, h.E_pad, cols, dst, 1, br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row);
     }
+    if (!h.want_dkdv) continue;
     for (int64_t j = 0; j < cols; ++j) {
       for (int64_t e = 0; e < h.E; ++e) h.dk[(j0 + j) * h.dk_row + e] = dk_acc[j * h.E_pad + e];
       for (int64_t e = 0; e < h.Ev; ++e) h.dv[(j0 + j) * h.dv_row + e] = dv_acc[j * h.Ev_pad + e];
