@@ -5,6 +5,8 @@
 //   bench_attention              the table of docs/benchmarks.md
 //   bench_attention --quick      a few rows
 //   bench_attention --memory L   forward+backward of one head at L=S (E=64): peak extra MiB
+//   bench_attention --shape BH L E causal threads reps
+//                                median forward and backward ms of one float32 shape (for scripts)
 //
 // Memory is measured in a fresh process (this program run again with
 // --memory-case), so that memory freed by earlier runs cannot hide a peak.
@@ -124,7 +126,7 @@ Result measure(const Shape4& s, DType dtype, AttentionOptions o, int threads, in
 }
 
 void print_peaks(double peaks[3][3]) {
-  std::printf("Measured peaks (GFLOP/s), this program, 16 independent chains per thread:\n\n");
+  std::printf("Measured peaks (GFLOP/s), this program, independent FMA chains on every thread:\n\n");
   std::printf("| threads | FP32 FMA, 512-bit | FP32 FMA, 256-bit | BF16 dot products (dpbf16ps) |\n|---|---|---|---|\n");
   for (int t = 1; t <= 2; ++t)
     std::printf("| %d | %.0f | %.0f | %.0f |\n", t, peaks[t][0], peaks[t][1], peaks[t][2]);
@@ -175,6 +177,13 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--memory") && i + 1 < argc) return memory_mode(std::atoll(argv[++i]));
     else if (!std::strcmp(argv[i], "--memory-case") && i + 4 < argc) return memory_case(argv + i + 1);
+    else if (!std::strcmp(argv[i], "--shape") && i + 6 < argc) {
+      const Shape4 s{std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), std::atoll(argv[i + 2]), std::atoll(argv[i + 3])};
+      const AttentionOptions o{.causal = std::atoi(argv[i + 4]) ? Causal::top_left : Causal::none};
+      const Result r = measure(s, DType::float32, o, std::atoi(argv[i + 5]), std::atoi(argv[i + 6]), false);
+      std::printf("%.3f %.3f\n", r.fwd_s * 1e3, r.bwd_s * 1e3);
+      return 0;
+    }
     else if (!std::strcmp(argv[i], "--reference-max") && i + 1 < argc) reference_max = std::atoll(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_attention [--quick] [--reference-max L] [--memory L]\n");
@@ -192,7 +201,7 @@ int main(int argc, char** argv) {
   print_peaks(peaks);
   const double fp32_peak[3] = {0, std::max(peaks[1][0], peaks[1][1]), std::max(peaks[2][0], peaks[2][1])};
 
-  std::printf("B·H = 8, L = S; GFLOP/s (median of the runs); %% = fused forward / FP32 FMA peak at that thread count;"
+  std::printf("B·H = 8, L = S; GFLOP/s (median of the runs); %% = fused forward / the measured peak at that thread count (FP32 FMA for float32, BF16 dot products for bfloat16);"
               " extra MiB = peak resident memory of one forward+backward beyond the inputs, outputs included (fresh process, 2 threads).\n\n");
   std::printf("| dtype | E | L=S | causal | threads | fused fwd | fused bwd | %% peak fwd | fwd ms | bwd ms | extra MiB |"
               " reference fwd | reference bwd |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -219,7 +228,9 @@ int main(int argc, char** argv) {
             if (threads == 2) std::snprintf(mem, sizeof mem, "%.0f", f.extra_mib);
             std::printf("| %s | %lld | %lld | %s | %d | %.0f | %.0f | %.0f%% | %.1f | %.1f | %s | %s | %s |\n",
                         to_string(dtype).c_str(), (long long)E, (long long)L, causal ? "yes" : "no", threads,
-                        f.fwd_gflops, f.bwd_gflops, 100 * f.fwd_gflops / fp32_peak[threads], f.fwd_s * 1e3,
+                        f.fwd_gflops, f.bwd_gflops,
+                        100 * f.fwd_gflops / (dtype == DType::bfloat16 && peaks[threads][2] > 0 ? peaks[threads][2] : fp32_peak[threads]),
+                        f.fwd_s * 1e3,
                         f.bwd_s * 1e3, mem, ref_f.c_str(), ref_b.c_str());
             std::fflush(stdout);
           }

@@ -110,11 +110,15 @@ inline float finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t r
     multiplier = 1.0f;
   }
   if (!tile_inside_band(i0, rows, j0, cols, band))
-    for (int64_t j = 0; j < cols; ++j)
-      for (int64_t i = 0; i < rows; ++i) {
-        const int64_t key = j0 + j, query = i0 + i;
-        if (key < query + band.lo_shift || key >= query + band.hi_shift) st[j * br + i] = -__builtin_inff();
-      }
+    for (int64_t j = 0; j < cols; ++j) {
+      // Key j0+j is visible to queries i0+i with key - hi < i0+i <= key - lo: one run of lanes.
+      const int64_t key = j0 + j;
+      const int64_t first = max64(0, min64(rows, key - band.hi_shift + 1 - i0));
+      const int64_t last = max64(first, min64(rows, key - band.lo_shift + 1 - i0));
+      float* row = st + j * br;
+      for (int64_t i = 0; i < first; ++i) row[i] = -__builtin_inff();
+      for (int64_t i = last; i < rows; ++i) row[i] = -__builtin_inff();
+    }
   return multiplier;
 }
 
