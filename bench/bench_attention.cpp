@@ -212,7 +212,6 @@ int main(int argc, char** argv) {
       for (int64_t L : lengths)
         for (bool causal : {false, true})
           for (int threads : {1, 2}) {
-            if (L == 16384 && threads == 1) continue;  // the longest shape at 2 threads only
             const int reps = L >= 16384 ? 1 : (L >= 4096 ? 3 : 5);
             AttentionOptions o{.causal = causal ? Causal::top_left : Causal::none, .path = AttentionPath::fused};
             const Shape4 s{8, L, L, E};

@@ -70,7 +70,7 @@ std::vector<FlashCase> shape_cases() {
     cs.push_back({"E=" + std::to_string(E), {2, L, E}, {2, S, E}, {2, S, E == 1 ? 3 : E}, {}});
   }
   for (int64_t L : {1, 17, 63, 64, 65, 1025})
-    for (int64_t S : {1, 17, 64, 65, 1025}) {
+    for (int64_t S : {1, 17, 63, 64, 65, 1025}) {
       if (L * S > 70000 && !(L == 1025 && S == 1025)) continue;
       cs.push_back({"L=" + std::to_string(L) + " S=" + std::to_string(S), {1, 2, L, 8}, {1, 2, S, 8}, {1, 2, S, 5},
                     {.causal = (L + S) % 2 ? Causal::top_left : Causal::bottom_right}});
