@@ -157,9 +157,6 @@ std::vector<NamedParameter> MultiheadAttention::named_parameters() {
   return out;
 }
 
-void MultiheadAttention::zero_grad() {
-  for (NamedParameter& p : named_parameters()) p.grad->fill_(0.0);
-}
 
 namespace {
 

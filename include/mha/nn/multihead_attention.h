@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mha/attention.h"
+#include "mha/nn/module.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
@@ -53,14 +54,7 @@ struct MultiheadAttentionInputGradients {
   Tensor dquery, dkey, dvalue;  // for self-attention (one tensor passed three times) add them
 };
 
-// A named parameter and its gradient (same shape, accumulated by backward).
-struct NamedParameter {
-  std::string name;
-  Tensor* value;
-  Tensor* grad;
-};
-
-class MultiheadAttention {
+class MultiheadAttention : public Module {
  public:
   // Initialised as torch does: Xavier-uniform in-projections, zero biases,
   // out_proj weight uniform in ±1/sqrt(D), bias_k/bias_v Xavier-normal.
@@ -72,12 +66,7 @@ class MultiheadAttention {
 
   // Torch's names: in_proj_weight or q/k/v_proj_weight, in_proj_bias, bias_k,
   // bias_v, out_proj.weight, out_proj.bias (those that exist for the config).
-  std::vector<NamedParameter> named_parameters();
-  void zero_grad();
-
-  void train(bool on = true) { training_ = on; }
-  void eval() { training_ = false; }
-  bool is_training() const { return training_; }
+  std::vector<NamedParameter> named_parameters() override;
 
   // Draws each training forward's dropout seed; set its state to replay one.
   Generator& dropout_generator() { return dropout_gen_; }
@@ -99,7 +88,6 @@ class MultiheadAttention {
   struct Saved;
   MultiheadAttentionConfig config_;
   bool packed_ = true;
-  bool training_ = true;
   Generator dropout_gen_;
   std::shared_ptr<Saved> saved_;
 };

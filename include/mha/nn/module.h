@@ -1,0 +1,43 @@
+// The layer interface: parameters with their gradients, and the mode.
+//
+// Every layer is a forward/backward pair: forward(x) saves what backward
+// needs (from the last call); backward(dy) returns the input's gradient and
+// ADDS into each parameter's gradient, so gradients accumulate across calls
+// until zero_grad().
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mha/tensor.h"
+
+namespace mha::nn {
+
+// A parameter and its gradient (same shape and dtype), named as in torch.
+struct NamedParameter {
+  std::string name;
+  Tensor* value;
+  Tensor* grad;
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // Parameters in torch's order and names (children prefixed "child.").
+  virtual std::vector<NamedParameter> named_parameters() { return {}; }
+  void zero_grad();
+
+  // Training mode: dropout active. Containers pass the mode to children.
+  virtual void train(bool on = true) { training_ = on; }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+ protected:
+  bool training_ = true;
+};
+
+// Appends child's parameters under "prefix.".
+void append_parameters(std::vector<NamedParameter>& out, const std::string& prefix, Module& child);
+
+}  // namespace mha::nn

@@ -1,0 +1,75 @@
+// Linear: y = x Wᵀ + b through BLAS; backward dW += dyᵀ x, db += Σ dy, dx = dy W.
+#include "mha/nn/linear.h"
+
+#include <cmath>
+
+#include "cpu/gemm.h"
+#include "nn/layer_util.h"
+
+namespace mha::nn {
+
+namespace {
+constexpr const char* kCtor = "mha::nn::Linear";
+constexpr const char* kForward = "mha::nn::Linear::forward";
+constexpr const char* kBackward = "mha::nn::Linear::backward";
+}  // namespace
+
+Linear::Linear(const LinearConfig& c, Generator& gen) : config_(c) {
+  if (c.in_features <= 0) raise<ValueError>(kCtor, "in_features", "> 0", std::to_string(c.in_features));
+  if (c.out_features <= 0) raise<ValueError>(kCtor, "out_features", "> 0", std::to_string(c.out_features));
+  check_layer_dtype(c.dtype, kCtor);
+  const double bound = 1.0 / std::sqrt(double(c.in_features));
+  weight = rand_uniform({c.out_features, c.in_features}, gen, -bound, bound, c.dtype);
+  weight_grad = Tensor::zeros(weight.shape(), c.dtype);
+  if (c.bias) {
+    bias = rand_uniform({c.out_features}, gen, -bound, bound, c.dtype);
+    bias_grad = Tensor::zeros(bias.shape(), c.dtype);
+  }
+}
+
+std::vector<NamedParameter> Linear::named_parameters() {
+  std::vector<NamedParameter> out{{"weight", &weight, &weight_grad}};
+  if (bias.defined()) out.push_back({"bias", &bias, &bias_grad});
+  return out;
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  check_input(x, kForward, "x", config_.dtype, config_.in_features);
+  saved_x_ = x.contiguous();
+  const int64_t in = config_.in_features, out = config_.out_features, rows = x.numel() / in;
+  Shape shape = x.shape();
+  shape.back() = out;
+  Tensor y = Tensor::empty(shape, config_.dtype);
+  dispatch_float(config_.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* yp = y.data<T>();
+    if (bias.defined())
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < out; ++o) yp[r * out + o] = bias.data<T>()[o];
+    cpu::gemm<T>(false, true, rows, out, in, T(1), saved_x_.data<T>(), in, weight.data<T>(), in,
+                 bias.defined() ? T(1) : T(0), yp, out);
+  });
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy_in) {
+  const int64_t in = config_.in_features, out = config_.out_features;
+  Shape out_shape = saved_x_.defined() ? saved_x_.shape() : Shape{};
+  if (!out_shape.empty()) out_shape.back() = out;
+  check_backward(saved_x_, dy_in, out_shape, config_.dtype, kBackward);
+  const Tensor dy = dy_in.contiguous();
+  const int64_t rows = dy.numel() / out;
+  Tensor dx = Tensor::empty(saved_x_.shape(), config_.dtype);
+  dispatch_float(config_.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* d = dy.data<T>();
+    cpu::gemm<T>(true, false, out, in, rows, T(1), d, out, saved_x_.data<T>(), in, T(1), weight_grad.data<T>(), in);
+    if (bias.defined())
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < out; ++o) bias_grad.data<T>()[o] += d[r * out + o];
+    cpu::gemm<T>(false, false, rows, in, out, T(1), d, out, weight.data<T>(), in, T(0), dx.data<T>(), in);
+  });
+  return dx;
+}
+
+}  // namespace mha::nn

@@ -1,0 +1,138 @@
+// Layers: values against closed forms, finite-difference gradients of every
+// input and parameter in double, modes and errors.
+#include <cstdio>
+
+#include "testing.h"
+
+using namespace mha;
+using namespace mha::nn;
+using namespace mha::testing;
+
+namespace {
+
+// Checks every parameter's gradient and the input's of a layer whose
+// forward/backward take and return one tensor, with loss = Σ y∘R.
+template <class Layer>
+void check_layer_gradients(Layer& layer, Tensor x, const std::string& name) {
+  SCOPED_TRACE(name);
+  Tensor y = layer.forward(x);
+  Tensor r = random_tensor(y.shape(), 99);
+  layer.zero_grad();
+  Tensor dx = layer.backward(r);
+  auto loss = [&] { return weighted_sum(layer.forward(x), r); };
+  const double ex = gradient_error(x, dx, loss);
+  EXPECT_LT(ex, 1e-6) << "dx";
+  double worst = ex;
+  for (NamedParameter& p : layer.named_parameters()) {
+    const double e = gradient_error(*p.value, *p.grad, loss);
+    EXPECT_LT(e, 1e-6) << p.name;
+    EXPECT_GT(max_abs(*p.grad), 0.0) << p.name;
+    worst = std::max(worst, e);
+  }
+  std::printf("  %-28s worst relative gradient error %.1e\n", name.c_str(), worst);
+}
+
+}  // namespace
+
+TEST(Linear, MatchesDefinitionAndInit) {
+  Generator g(1);
+  Linear lin({.in_features = 5, .out_features = 3, .dtype = DType::float64}, g);
+  EXPECT_LE(max_abs(lin.weight), 1.0 / std::sqrt(5.0));
+  EXPECT_LE(max_abs(lin.bias), 1.0 / std::sqrt(5.0));
+  Tensor x = random_tensor({2, 4, 5}, 2);
+  Tensor y = lin.forward(x);
+  EXPECT_EQ(y.shape(), (Shape{2, 4, 3}));
+  double want = lin.bias.item({1});
+  for (int64_t i = 0; i < 5; ++i) want += x.item({1, 2, i}) * lin.weight.item({1, i});
+  EXPECT_NEAR(y.item({1, 2, 1}), want, 1e-14);
+  std::vector<std::string> names;
+  for (const NamedParameter& p : lin.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias"}));
+}
+
+TEST(Linear, Gradients) {
+  Generator g(1);
+  Linear lin({.in_features = 5, .out_features = 3, .dtype = DType::float64}, g);
+  check_layer_gradients(lin, random_tensor({2, 4, 5}, 2), "Linear");
+  Linear no_bias({.in_features = 4, .out_features = 6, .bias = false, .dtype = DType::float64}, g);
+  check_layer_gradients(no_bias, random_tensor({7, 4}, 3).transpose(0, 1).contiguous().transpose(0, 1), "Linear no bias");
+}
+
+TEST(LayerNorm, NormalisesRows) {
+  LayerNorm ln({.normalized_shape = 6, .dtype = DType::float64});
+  Tensor x = random_tensor({3, 6}, 1, DType::float64, 5.0);
+  Tensor y = ln.forward(x);
+  for (int64_t r = 0; r < 3; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t d = 0; d < 6; ++d) mean += y.item({r, d}) / 6;
+    for (int64_t d = 0; d < 6; ++d) var += (y.item({r, d}) - mean) * (y.item({r, d}) - mean) / 6;
+    EXPECT_NEAR(mean, 0.0, 1e-12);
+    EXPECT_NEAR(var, 1.0, 1e-5);  // σ²/(σ² + ε)
+  }
+}
+
+TEST(LayerNorm, Gradients) {
+  LayerNorm ln({.normalized_shape = 7, .dtype = DType::float64});
+  // Non-trivial affine parameters so that their gradients and uses are exercised.
+  ln.weight.copy_(random_tensor({7}, 5));
+  ln.bias.copy_(random_tensor({7}, 6));
+  check_layer_gradients(ln, random_tensor({2, 3, 7}, 2), "LayerNorm");
+  LayerNorm plain({.normalized_shape = 5, .elementwise_affine = false, .dtype = DType::float64});
+  EXPECT_TRUE(plain.named_parameters().empty());
+  check_layer_gradients(plain, random_tensor({4, 5}, 3), "LayerNorm without affine");
+}
+
+TEST(Activations, ValuesAndGradients) {
+  ReLU relu;
+  GELU gelu, gelu_tanh(GELU::Approximate::tanh);
+  Tensor x = Tensor::from_values(std::vector<double>{-2, -0.5, 0.5, 1, 3}, {5}, DType::float64);
+  EXPECT_EQ(relu.forward(x).to_vector(), (std::vector<double>{0, 0, 0.5, 1, 3}));
+  EXPECT_NEAR(gelu.forward(x).item({3}), 0.8413447460685429, 1e-15);     // Φ(1)
+  EXPECT_NEAR(gelu_tanh.forward(x).item({3}), 0.8411919906082768, 1e-15);
+  Tensor away_from_kink = random_tensor({3, 4}, 1);  // ReLU is not differentiable at 0
+  check_layer_gradients(relu, away_from_kink, "ReLU");
+  check_layer_gradients(gelu, random_tensor({3, 4}, 2), "GELU");
+  check_layer_gradients(gelu_tanh, random_tensor({3, 4}, 3), "GELU tanh");
+}
+
+TEST(Dropout, TrainingEvaluationAndGradient) {
+  Generator g(3);
+  Dropout drop(0.3, g);
+  Tensor x = Tensor::full({4000}, 1.0, DType::float64);
+  Tensor y = drop.forward(x);
+  int64_t zeros = 0;
+  for (double v : y.to_vector()) {
+    if (v == 0) ++zeros;
+    else EXPECT_NEAR(v, 1 / 0.7, 1e-15);
+  }
+  EXPECT_NEAR(double(zeros) / 4000, 0.3, 0.03);
+  Tensor dy = random_tensor({4000}, 4);
+  Tensor dx = drop.backward(dy);
+  for (int64_t i = 0; i < 4000; ++i) EXPECT_EQ(dx.item({i}), y.item({i}) * dy.item({i}));  // same pattern
+  EXPECT_GT(max_abs_diff(drop.forward(x), y), 0.0);  // a fresh pattern per call
+  drop.eval();
+  EXPECT_EQ(drop.forward(x).to_vector(), x.to_vector());
+  EXPECT_EQ(drop.backward(dy).to_vector(), dy.to_vector());
+}
+
+TEST(Layers, Errors) {
+  Generator g;
+  EXPECT_THROW(Linear({.in_features = 0, .out_features = 2}, g), ValueError);
+  EXPECT_THROW(Linear({.in_features = 2, .out_features = 2, .dtype = DType::bfloat16}, g), DtypeError);
+  Linear lin({.in_features = 3, .out_features = 2}, g);
+  EXPECT_THROW(lin.backward(Tensor::zeros({2})), StateError);
+  try {
+    lin.forward(Tensor::zeros({4, 5}));
+    FAIL();
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[mha::nn::Linear::forward] x: expected last dim 3; got (4, 5)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(lin.forward(Tensor::zeros({4, 3}, DType::float64)), DtypeError);
+  lin.forward(Tensor::zeros({4, 3}));
+  EXPECT_THROW(lin.backward(Tensor::zeros({4, 3})), ShapeError);
+  EXPECT_THROW(LayerNorm({.normalized_shape = 4, .eps = 0}), ValueError);
+  EXPECT_THROW(Dropout(1.0, g), ValueError);
+  LayerNorm ln({.normalized_shape = 4});
+  EXPECT_THROW(ln.forward(Tensor::zeros({2, 3})), ShapeError);
+}
