@@ -137,6 +137,8 @@ AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
     if (!fits)
       raise<ShapeError>(fn, "mask", "a shape that broadcasts to (…, L, S) = " + shape_string(full),
                         shape_string(o.mask.shape()));
+    if (o.mask.dtype() != DType::boolean && !is_floating(o.mask.dtype()))
+      raise<DtypeError>(fn, "mask", "bool or a floating dtype", to_string(o.mask.dtype()));
     p.mask_from_bool = o.mask.dtype() == DType::boolean;
     p.mask = p.compute == DType::float64 ? additive_mask<double>(o.mask, fn) : additive_mask<float>(o.mask, fn);
     Tensor expanded = p.mask.expand(full);

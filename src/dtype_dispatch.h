@@ -1,6 +1,9 @@
 // Calls a generic lambda with a value of the C++ element type of a DType.
 #pragma once
 
+#include <cstdint>
+#include <type_traits>
+
 #include "mha/dtype.h"
 
 namespace mha {
@@ -11,6 +14,7 @@ decltype(auto) dispatch_dtype(DType t, F&& f) {
     case DType::float32: return f(float{});
     case DType::float64: return f(double{});
     case DType::bfloat16: return f(bfloat16{});
+    case DType::int64: return f(int64_t{});
     case DType::boolean: break;
   }
   return f(bool{});

@@ -18,6 +18,7 @@ std::string to_string(DType t) {
     case DType::float64: return "float64";
     case DType::bfloat16: return "bfloat16";
     case DType::boolean: return "bool";
+    case DType::int64: return "int64";
   }
   return "?";
 }
@@ -330,6 +331,7 @@ template <> constexpr DType dtype_of<float>() { return DType::float32; }
 template <> constexpr DType dtype_of<double>() { return DType::float64; }
 template <> constexpr DType dtype_of<bfloat16>() { return DType::bfloat16; }
 template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::int64; }
 }  // namespace
 
 template <class T>
@@ -350,10 +352,12 @@ template float* Tensor::data<float>();
 template double* Tensor::data<double>();
 template bfloat16* Tensor::data<bfloat16>();
 template bool* Tensor::data<bool>();
+template int64_t* Tensor::data<int64_t>();
 template const float* Tensor::data<float>() const;
 template const double* Tensor::data<double>() const;
 template const bfloat16* Tensor::data<bfloat16>() const;
 template const bool* Tensor::data<bool>() const;
+template const int64_t* Tensor::data<int64_t>() const;
 
 void* Tensor::raw_data() {
   return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_);

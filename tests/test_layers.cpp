@@ -136,3 +136,120 @@ TEST(Layers, Errors) {
   LayerNorm ln({.normalized_shape = 4});
   EXPECT_THROW(ln.forward(Tensor::zeros({2, 3})), ShapeError);
 }
+
+TEST(Embedding, LookupAndScatterAddGradient) {
+  Generator g(1);
+  Embedding emb({.num_embeddings = 6, .embedding_dim = 3, .padding_idx = 0, .dtype = DType::float64}, g);
+  EXPECT_EQ(max_abs(emb.weight.select(0, 0)), 0.0);
+  Tensor ids = Tensor::from_values(std::vector<double>{2, 0, 5, 2}, {2, 2}, DType::int64);
+  EXPECT_EQ(ids.dtype(), DType::int64);
+  Tensor y = emb.forward(ids);
+  EXPECT_EQ(y.shape(), (Shape{2, 2, 3}));
+  for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(y.item({1, 1, d}), emb.weight.item({2, d}));
+  Tensor dy = random_tensor({2, 2, 3}, 2);
+  emb.backward(dy);
+  for (int64_t d = 0; d < 3; ++d) {
+    EXPECT_NEAR(emb.weight_grad.item({2, d}), dy.item({0, 0, d}) + dy.item({1, 1, d}), 1e-15);  // id 2 twice
+    EXPECT_EQ(emb.weight_grad.item({0, d}), 0.0);                                              // padding
+    EXPECT_EQ(emb.weight_grad.item({5, d}), dy.item({1, 0, d}));
+  }
+  // Finite differences on the weight.
+  emb.zero_grad();
+  emb.forward(ids);
+  Tensor r = random_tensor({2, 2, 3}, 3);
+  emb.backward(r);
+  Tensor grad_without_padding = emb.weight_grad.clone();
+  auto loss = [&] { return weighted_sum(emb.forward(ids), r); };
+  // The padding row does get a numeric gradient (it is looked up); torch, like mha, reports 0 for it.
+  Tensor numeric_target = grad_without_padding.clone();
+  for (int64_t d = 0; d < 3; ++d) numeric_target.set_item({0, d}, r.item({0, 1, d}));
+  EXPECT_LT(gradient_error(emb.weight, numeric_target, loss), 1e-6);
+  EXPECT_THROW(emb.forward(Tensor::from_values(std::vector<double>{6}, {1}, DType::int64)), ValueError);
+  EXPECT_THROW(emb.forward(Tensor::zeros({2})), DtypeError);
+}
+
+namespace {
+
+// Replays every random stream of an encoder layer, so that repeated forwards
+// draw the same dropout patterns (finite differences need a fixed function).
+struct DropoutReplay {
+  TransformerEncoderLayer& layer;
+  std::vector<std::pair<Generator*, std::pair<uint64_t, uint64_t>>> saved;
+  explicit DropoutReplay(TransformerEncoderLayer& l) : layer(l) {
+    for (Generator* g : {&l.self_attn.dropout_generator(), &l.dropout.generator(), &l.dropout1.generator(),
+                         &l.dropout2.generator()})
+      saved.push_back({g, {g->seed(), g->offset()}});
+  }
+  void rewind() {
+    for (auto& [g, state] : saved) g->set_state(state.first, state.second);
+  }
+};
+
+}  // namespace
+
+TEST(TransformerEncoderLayer, ParameterNamesAsTorch) {
+  Generator g(1);
+  TransformerEncoderLayer layer({.d_model = 8, .nhead = 2, .dim_feedforward = 16}, g);
+  std::vector<std::string> names;
+  for (const NamedParameter& p : layer.named_parameters()) names.push_back(p.name + shape_string(p.value->shape()));
+  EXPECT_EQ(names, (std::vector<std::string>{"self_attn.in_proj_weight(24, 8)", "self_attn.in_proj_bias(24,)",
+                                             "self_attn.out_proj.weight(8, 8)", "self_attn.out_proj.bias(8,)",
+                                             "linear1.weight(16, 8)", "linear1.bias(16,)", "linear2.weight(8, 16)",
+                                             "linear2.bias(8,)", "norm1.weight(8,)", "norm1.bias(8,)", "norm2.weight(8,)",
+                                             "norm2.bias(8,)"}));
+}
+
+TEST(TransformerEncoderLayer, GradientsPostAndPreLN) {
+  for (bool norm_first : {false, true})
+    for (Activation act : {Activation::relu, Activation::gelu})
+      for (double p : {0.0, 0.2}) {
+        Generator g(4);
+        TransformerEncoderLayer layer({.d_model = 6, .nhead = 2, .dim_feedforward = 10, .dropout = p, .activation = act,
+                                       .batch_first = norm_first, .norm_first = norm_first, .dtype = DType::float64},
+                                      g);
+        for (NamedParameter& prm : layer.named_parameters())  // non-trivial biases and norms
+          if (prm.name.find("bias") != std::string::npos || prm.name.find("norm") != std::string::npos)
+            prm.value->copy_(random_tensor(prm.value->shape(), 50 + prm.name.size(), DType::float64, 0.5));
+        Tensor x = random_tensor(norm_first ? Shape{2, 5, 6} : Shape{5, 2, 6}, 7);
+        Tensor kpm = Tensor::from_bools({false, false, false, true, false, false, false, false, false, true}, {2, 5});
+        const EncoderInputs in{.src_key_padding_mask = kpm, .is_causal = !norm_first};
+        DropoutReplay replay(layer);
+        Tensor r = random_tensor(x.shape(), 8);
+        layer.zero_grad();
+        replay.rewind();
+        layer.forward(x, in);
+        Tensor dx = layer.backward(r);
+        auto loss = [&] {
+          replay.rewind();
+          return weighted_sum(layer.forward(x, in), r);
+        };
+        const std::string name = std::string(norm_first ? "Pre-LN" : "Post-LN") + (act == Activation::relu ? " relu" : " gelu") +
+                                 (p > 0 ? " dropout" : "");
+        SCOPED_TRACE(name);
+        double worst = gradient_error(x, dx, loss);
+        EXPECT_LT(worst, 1e-6) << "dx";
+        for (NamedParameter& prm : layer.named_parameters()) {
+          const double e = gradient_error(*prm.value, *prm.grad, loss);
+          EXPECT_LT(e, 1e-6) << prm.name;
+          worst = std::max(worst, e);
+        }
+        std::printf("  encoder layer %-24s worst relative gradient error %.1e\n", name.c_str(), worst);
+      }
+}
+
+TEST(TransformerEncoderLayer, EvalIsDeterministicAndMatchesComposition) {
+  Generator g(2);
+  TransformerEncoderLayer layer({.d_model = 8, .nhead = 2, .dim_feedforward = 12, .dropout = 0.3, .dtype = DType::float64}, g);
+  layer.eval();
+  Tensor x = random_tensor({4, 3, 8}, 1);
+  Tensor y = layer.forward(x);
+  EXPECT_EQ(max_abs_diff(y, layer.forward(x)), 0.0);
+  // Post-LN by hand from the same sub-modules.
+  Tensor sa = layer.self_attn.forward(x, x, x, {.need_weights = false}).output;
+  Tensor h = layer.norm1.forward(add(x, sa));
+  ReLU relu;
+  Tensor ff = layer.linear2.forward(relu.forward(layer.linear1.forward(h)));
+  EXPECT_LE(max_abs_diff(y, layer.norm2.forward(add(h, ff))), 1e-14);
+  layer.train();
+  EXPECT_GT(max_abs_diff(layer.forward(x), y), 1e-6);  // dropout on again
+}

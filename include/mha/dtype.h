@@ -7,7 +7,8 @@
 
 namespace mha {
 
-enum class DType : uint8_t { float32, float64, bfloat16, boolean };
+// int64 holds indices (token ids, class labels).
+enum class DType : uint8_t { float32, float64, bfloat16, boolean, int64 };
 
 enum class Device : uint8_t { cpu, cuda };
 
@@ -18,11 +19,14 @@ constexpr int64_t dtype_size(DType t) {
     case DType::float64: return 8;
     case DType::bfloat16: return 2;
     case DType::boolean: return 1;
+    case DType::int64: return 8;
   }
   return 0;
 }
 
-constexpr bool is_floating(DType t) { return t != DType::boolean; }
+constexpr bool is_floating(DType t) {
+  return t == DType::float32 || t == DType::float64 || t == DType::bfloat16;
+}
 
 std::string to_string(DType t);
 std::string to_string(Device d);

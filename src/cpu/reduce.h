@@ -24,7 +24,7 @@ void store_reduced(const std::vector<A>& full, const AttentionParams& p, Tensor&
     for (int64_t x = 0; x < inner; ++x) acc[size_t(offset[b] + x)] += full[b * size_t(inner) + size_t(x)];
   dispatch_dtype(grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (!std::is_same_v<T, bool>) {
+    if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
       T* dst = grad.data<T>();
       for (size_t x = 0; x < acc.size(); ++x) dst[x] = store_as<T>(acc[x]);
     }

@@ -183,7 +183,7 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
           acc[size_t(p.mask_offset[size_t(b)] + i * p.mask_row + j * p.mask_col)] += ds[size_t((b * L + i) * S + j)];
     dispatch_dtype(g.dmask.dtype(), [&](auto tag) {
       using M = decltype(tag);
-      if constexpr (!std::is_same_v<M, bool>) {
+      if constexpr (!std::is_same_v<M, bool> && !std::is_same_v<M, int64_t>) {
         M* dst = g.dmask.data<M>();
         for (size_t x = 0; x < acc.size(); ++x) dst[x] = store_as<M>(acc[x]);
       }
@@ -198,7 +198,8 @@ void reference_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     case DType::float32: return forward<float, float>(p, r);
     case DType::float64: return forward<double, double>(p, r);
     case DType::bfloat16: return forward<bfloat16, float>(p, r);
-    case DType::boolean: break;
+    case DType::boolean:
+    case DType::int64: break;
   }
 }
 
@@ -208,7 +209,8 @@ void reference_attention_backward(const AttentionParams& p, const Tensor& dout, 
     case DType::float32: return backward<float, float>(p, dout, fwd, g);
     case DType::float64: return backward<double, double>(p, dout, fwd, g);
     case DType::bfloat16: return backward<bfloat16, float>(p, dout, fwd, g);
-    case DType::boolean: break;
+    case DType::boolean:
+    case DType::int64: break;
   }
 }
 
