@@ -173,13 +173,16 @@ namespace {
 // Replays every random stream of an encoder layer, so that repeated forwards
 // draw the same dropout patterns (finite differences need a fixed function).
 struct DropoutReplay {
-  TransformerEncoderLayer& layer;
   std::vector<std::pair<Generator*, std::pair<uint64_t, uint64_t>>> saved;
-  explicit DropoutReplay(TransformerEncoderLayer& l) : layer(l) {
-    for (Generator* g : {&l.self_attn.dropout_generator(), &l.dropout.generator(), &l.dropout1.generator(),
-                         &l.dropout2.generator()})
-      saved.push_back({g, {g->seed(), g->offset()}});
+  explicit DropoutReplay(std::initializer_list<Generator*> generators) {
+    for (Generator* g : generators) saved.push_back({g, {g->seed(), g->offset()}});
   }
+  explicit DropoutReplay(TransformerEncoderLayer& l)
+      : DropoutReplay({&l.self_attn.dropout_generator(), &l.dropout.generator(), &l.dropout1.generator(),
+                       &l.dropout2.generator()}) {}
+  explicit DropoutReplay(TransformerDecoderLayer& l)
+      : DropoutReplay({&l.self_attn.dropout_generator(), &l.multihead_attn.dropout_generator(), &l.dropout.generator(),
+                       &l.dropout1.generator(), &l.dropout2.generator(), &l.dropout3.generator()}) {}
   void rewind() {
     for (auto& [g, state] : saved) g->set_state(state.first, state.second);
   }
@@ -252,4 +255,54 @@ TEST(TransformerEncoderLayer, EvalIsDeterministicAndMatchesComposition) {
   EXPECT_LE(max_abs_diff(y, layer.norm2.forward(add(h, ff))), 1e-14);
   layer.train();
   EXPECT_GT(max_abs_diff(layer.forward(x), y), 1e-6);  // dropout on again
+}
+
+TEST(TransformerDecoderLayer, ParameterNamesAsTorch) {
+  Generator g(1);
+  TransformerDecoderLayer layer({.d_model = 4, .nhead = 2, .dim_feedforward = 8}, g);
+  std::vector<std::string> names;
+  for (const NamedParameter& p : layer.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight",
+                       "self_attn.out_proj.bias", "multihead_attn.in_proj_weight", "multihead_attn.in_proj_bias",
+                       "multihead_attn.out_proj.weight", "multihead_attn.out_proj.bias", "linear1.weight", "linear1.bias",
+                       "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
+                       "norm3.weight", "norm3.bias"}));
+}
+
+TEST(TransformerDecoderLayer, GradientsOfTargetMemoryAndParameters) {
+  for (bool norm_first : {false, true})
+    for (double p : {0.0, 0.25}) {
+      Generator g(6);
+      TransformerDecoderLayer layer({.d_model = 6, .nhead = 3, .dim_feedforward = 8, .dropout = p,
+                                     .activation = norm_first ? Activation::gelu : Activation::relu,
+                                     .batch_first = true, .norm_first = norm_first, .dtype = DType::float64},
+                                    g);
+      for (NamedParameter& prm : layer.named_parameters())
+        if (prm.name.find("bias") != std::string::npos || prm.name.find("norm") != std::string::npos)
+          prm.value->copy_(random_tensor(prm.value->shape(), 70 + prm.name.size(), DType::float64, 0.5));
+      Tensor tgt = random_tensor({2, 4, 6}, 1), memory = random_tensor({2, 5, 6}, 2);
+      Tensor mkpm = Tensor::from_bools({false, false, true, false, false, false, false, false, false, true}, {2, 5});
+      const DecoderInputs in{.memory_key_padding_mask = mkpm, .tgt_is_causal = true};
+      DropoutReplay replay(layer);
+      Tensor r = random_tensor(tgt.shape(), 3);
+      layer.zero_grad();
+      replay.rewind();
+      layer.forward(tgt, memory, in);
+      DecoderGradients d = layer.backward(r);
+      auto loss = [&] {
+        replay.rewind();
+        return weighted_sum(layer.forward(tgt, memory, in), r);
+      };
+      const std::string name = std::string(norm_first ? "Pre-LN" : "Post-LN") + (p > 0 ? " dropout" : "");
+      SCOPED_TRACE(name);
+      double worst = std::max(gradient_error(tgt, d.dtgt, loss), gradient_error(memory, d.dmemory, loss));
+      EXPECT_LT(worst, 1e-6) << "dtgt/dmemory";
+      for (NamedParameter& prm : layer.named_parameters()) {
+        const double e = gradient_error(*prm.value, *prm.grad, loss);
+        EXPECT_LT(e, 1e-6) << prm.name;
+        worst = std::max(worst, e);
+      }
+      std::printf("  decoder layer %-24s worst relative gradient error %.1e\n", name.c_str(), worst);
+    }
 }

@@ -7,10 +7,6 @@
 
 namespace mha::nn {
 
-namespace {
-constexpr const char* kCtor = "mha::nn::TransformerEncoderLayer";
-}  // namespace
-
 Tensor add(const Tensor& a_in, const Tensor& b_in) {
   const char* fn = "mha::nn::add";
   check_defined(a_in, fn, "a");
@@ -29,10 +25,51 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
+namespace {
+
+MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c) {
+  return {.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = c.dropout, .batch_first = c.batch_first,
+          .dtype = c.dtype};
+}
+
+// dropout(attention(q, kv, kv)): one attention block of a layer.
+Tensor attention_block(MultiheadAttention& attention, Dropout& drop, const Tensor& q, const Tensor& kv,
+                       const Tensor& attn_mask, const Tensor& key_padding_mask, bool is_causal) {
+  return drop.forward(attention
+                          .forward(q, kv, kv,
+                                   {.key_padding_mask = key_padding_mask, .need_weights = false, .attn_mask = attn_mask,
+                                    .is_causal = is_causal})
+                          .output);
+}
+
+// Gradients of an attention block's query input and of its key/value input.
+struct BlockGradients {
+  Tensor dquery, dkv;
+};
+
+BlockGradients attention_block_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy) {
+  const MultiheadAttentionInputGradients g = attention.backward(drop.backward(dy));
+  return {g.dquery, add(g.dkey, g.dvalue)};
+}
+
+// out_drop(linear2(inner_drop(activation(linear1(x))))): the feed-forward block.
+Tensor feed_forward(Linear& l1, ActivationLayer& act, Dropout& inner, Linear& l2, Dropout& out_drop, const Tensor& x) {
+  return out_drop.forward(l2.forward(inner.forward(act.forward(l1.forward(x)))));
+}
+
+Tensor feed_forward_backward(Linear& l1, ActivationLayer& act, Dropout& inner, Linear& l2, Dropout& out_drop,
+                             const Tensor& dy) {
+  return l1.backward(act.backward(inner.backward(l2.backward(out_drop.backward(dy)))));
+}
+
+void set_mode(bool on, std::initializer_list<Module*> modules) {
+  for (Module* m : modules) m->train(on);
+}
+
+}  // namespace
+
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerConfig& c, Generator& gen)
-    : self_attn({.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = c.dropout, .batch_first = c.batch_first,
-                 .dtype = c.dtype},
-                gen),
+    : self_attn(attention_config(c), gen),
       linear1({.in_features = c.d_model, .out_features = c.dim_feedforward, .dtype = c.dtype}, gen),
       linear2({.in_features = c.dim_feedforward, .out_features = c.d_model, .dtype = c.dtype}, gen),
       norm1({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
@@ -40,9 +77,8 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerCo
       dropout(c.dropout, gen),
       dropout1(c.dropout, gen),
       dropout2(c.dropout, gen),
-      config_(c) {
-  (void)kCtor;
-}
+      config_(c),
+      activation_(c.activation) {}
 
 std::vector<NamedParameter> TransformerEncoderLayer::named_parameters() {
   std::vector<NamedParameter> out;
@@ -56,55 +92,118 @@ std::vector<NamedParameter> TransformerEncoderLayer::named_parameters() {
 
 void TransformerEncoderLayer::train(bool on) {
   Module::train(on);
-  for (Module* m : std::initializer_list<Module*>{&self_attn, &linear1, &linear2, &norm1, &norm2, &dropout, &dropout1,
-                                                  &dropout2, &relu_, &gelu_})
-    m->train(on);
-}
-
-Tensor TransformerEncoderLayer::self_attention_block(const Tensor& x, const EncoderInputs& in) {
-  const MultiheadAttentionOutput a = self_attn.forward(
-      x, x, x,
-      {.key_padding_mask = in.src_key_padding_mask, .need_weights = false, .attn_mask = in.src_mask, .is_causal = in.is_causal});
-  return dropout1.forward(a.output);
-}
-
-Tensor TransformerEncoderLayer::self_attention_block_backward(const Tensor& dy) {
-  const MultiheadAttentionInputGradients g = self_attn.backward(dropout1.backward(dy));
-  return add(add(g.dquery, g.dkey), g.dvalue);  // x was query, key and value
-}
-
-Tensor TransformerEncoderLayer::feed_forward_block(const Tensor& x) {
-  Tensor h = linear1.forward(x);
-  h = config_.activation == Activation::relu ? relu_.forward(h) : gelu_.forward(h);
-  return dropout2.forward(linear2.forward(dropout.forward(h)));
-}
-
-Tensor TransformerEncoderLayer::feed_forward_block_backward(const Tensor& dy) {
-  Tensor g = dropout.backward(linear2.backward(dropout2.backward(dy)));
-  g = config_.activation == Activation::relu ? relu_.backward(g) : gelu_.backward(g);
-  return linear1.backward(g);
+  set_mode(on, {&self_attn, &linear1, &linear2, &norm1, &norm2, &dropout, &dropout1, &dropout2, &activation_});
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const EncoderInputs& in) {
   forwarded_ = true;
+  auto sa = [&](const Tensor& x) {
+    return attention_block(self_attn, dropout1, x, x, in.src_mask, in.src_key_padding_mask, in.is_causal);
+  };
+  auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
   if (config_.norm_first) {
-    const Tensor h = add(src, self_attention_block(norm1.forward(src), in));
-    return add(h, feed_forward_block(norm2.forward(h)));
+    const Tensor h = add(src, sa(norm1.forward(src)));
+    return add(h, ff(norm2.forward(h)));
   }
-  const Tensor h = norm1.forward(add(src, self_attention_block(src, in)));
-  return norm2.forward(add(h, feed_forward_block(h)));
+  const Tensor h = norm1.forward(add(src, sa(src)));
+  return norm2.forward(add(h, ff(h)));
 }
 
 Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
   if (!forwarded_)
     throw StateError("[mha::nn::TransformerEncoderLayer::backward] state: expected a forward call first; got none");
+  // x fed the block as query, key and value: its gradient is the sum.
+  auto sa = [&](const Tensor& g) {
+    const BlockGradients b = attention_block_backward(self_attn, dropout1, g);
+    return add(b.dquery, b.dkv);
+  };
+  auto ff = [&](const Tensor& g) { return feed_forward_backward(linear1, activation_, dropout, linear2, dropout2, g); };
   if (config_.norm_first) {
-    const Tensor dh = add(dy, norm2.backward(feed_forward_block_backward(dy)));
-    return add(dh, norm1.backward(self_attention_block_backward(dh)));
+    const Tensor dh = add(dy, norm2.backward(ff(dy)));
+    return add(dh, norm1.backward(sa(dh)));
   }
   const Tensor g2 = norm2.backward(dy);
-  const Tensor g1 = norm1.backward(add(g2, feed_forward_block_backward(g2)));
-  return add(g1, self_attention_block_backward(g1));
+  const Tensor g1 = norm1.backward(add(g2, ff(g2)));
+  return add(g1, sa(g1));
+}
+
+TransformerDecoderLayer::TransformerDecoderLayer(const TransformerDecoderLayerConfig& c, Generator& gen)
+    : self_attn(attention_config(c), gen),
+      multihead_attn(attention_config(c), gen),
+      linear1({.in_features = c.d_model, .out_features = c.dim_feedforward, .dtype = c.dtype}, gen),
+      linear2({.in_features = c.dim_feedforward, .out_features = c.d_model, .dtype = c.dtype}, gen),
+      norm1({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
+      norm2({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
+      norm3({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
+      dropout(c.dropout, gen),
+      dropout1(c.dropout, gen),
+      dropout2(c.dropout, gen),
+      dropout3(c.dropout, gen),
+      config_(c),
+      activation_(c.activation) {}
+
+std::vector<NamedParameter> TransformerDecoderLayer::named_parameters() {
+  std::vector<NamedParameter> out;
+  append_parameters(out, "self_attn", self_attn);
+  append_parameters(out, "multihead_attn", multihead_attn);
+  append_parameters(out, "linear1", linear1);
+  append_parameters(out, "linear2", linear2);
+  append_parameters(out, "norm1", norm1);
+  append_parameters(out, "norm2", norm2);
+  append_parameters(out, "norm3", norm3);
+  return out;
+}
+
+void TransformerDecoderLayer::train(bool on) {
+  Module::train(on);
+  set_mode(on, {&self_attn, &multihead_attn, &linear1, &linear2, &norm1, &norm2, &norm3, &dropout, &dropout1,
+                &dropout2, &dropout3, &activation_});
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const DecoderInputs& in) {
+  forwarded_ = true;
+  auto sa = [&](const Tensor& x) {
+    return attention_block(self_attn, dropout1, x, x, in.tgt_mask, in.tgt_key_padding_mask, in.tgt_is_causal);
+  };
+  auto ca = [&](const Tensor& x) {
+    return attention_block(multihead_attn, dropout2, x, memory, in.memory_mask, in.memory_key_padding_mask,
+                           in.memory_is_causal);
+  };
+  auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout3, x); };
+  if (config_.norm_first) {
+    const Tensor h1 = add(tgt, sa(norm1.forward(tgt)));
+    const Tensor h2 = add(h1, ca(norm2.forward(h1)));
+    return add(h2, ff(norm3.forward(h2)));
+  }
+  const Tensor h1 = norm1.forward(add(tgt, sa(tgt)));
+  const Tensor h2 = norm2.forward(add(h1, ca(h1)));
+  return norm3.forward(add(h2, ff(h2)));
+}
+
+DecoderGradients TransformerDecoderLayer::backward(const Tensor& dy) {
+  if (!forwarded_)
+    throw StateError("[mha::nn::TransformerDecoderLayer::backward] state: expected a forward call first; got none");
+  auto sa = [&](const Tensor& g) {
+    const BlockGradients b = attention_block_backward(self_attn, dropout1, g);
+    return add(b.dquery, b.dkv);
+  };
+  auto ff = [&](const Tensor& g) { return feed_forward_backward(linear1, activation_, dropout, linear2, dropout3, g); };
+  DecoderGradients out;
+  if (config_.norm_first) {
+    const Tensor dh2 = add(dy, norm3.backward(ff(dy)));
+    const BlockGradients c = attention_block_backward(multihead_attn, dropout2, dh2);
+    const Tensor dh1 = add(dh2, norm2.backward(c.dquery));
+    out.dtgt = add(dh1, norm1.backward(sa(dh1)));
+    out.dmemory = c.dkv;
+    return out;
+  }
+  const Tensor g3 = norm3.backward(dy);
+  const Tensor g2 = norm2.backward(add(g3, ff(g3)));
+  const BlockGradients c = attention_block_backward(multihead_attn, dropout2, g2);
+  const Tensor g1 = norm1.backward(add(g2, c.dquery));
+  out.dtgt = add(g1, sa(g1));
+  out.dmemory = c.dkv;
+  return out;
 }
 
 }  // namespace mha::nn

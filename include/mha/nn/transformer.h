@@ -1,5 +1,5 @@
 // Transformer layers with the semantics and parameter names of
-// torch.nn.TransformerEncoderLayer.
+// torch.nn.TransformerEncoderLayer and torch.nn.TransformerDecoderLayer.
 //
 // Post-LN (norm_first = false, the original Transformer):
 //   x = norm1(x + dropout1(self_attn(x)))
@@ -8,6 +8,10 @@
 //   x = x + dropout1(self_attn(norm1(x)))
 //   x = x + dropout2(linear2(dropout(activation(linear1(norm2(x))))))
 // src (S, N, D), or (N, S, D) with batch_first, or unbatched (S, D).
+//
+// The decoder adds cross-attention to the encoder output (memory) between
+// its masked self-attention and the feed-forward network, each block with its
+// residual connection and norm (norm1, norm2, norm3; dropout1..3).
 #pragma once
 
 #include "mha/nn/activation.h"
@@ -30,6 +34,19 @@ struct TransformerEncoderLayerConfig {
   bool batch_first = false;
   bool norm_first = false;
   DType dtype = DType::float32;  // float32 or float64
+};
+
+// ReLU or GELU, chosen at construction.
+class ActivationLayer : public Module {
+ public:
+  explicit ActivationLayer(Activation kind) : kind_(kind) {}
+  Tensor forward(const Tensor& x) { return kind_ == Activation::relu ? relu_.forward(x) : gelu_.forward(x); }
+  Tensor backward(const Tensor& dy) { return kind_ == Activation::relu ? relu_.backward(dy) : gelu_.backward(dy); }
+
+ private:
+  Activation kind_;
+  ReLU relu_;
+  GELU gelu_;
 };
 
 struct EncoderInputs {
@@ -57,14 +74,48 @@ class TransformerEncoderLayer : public Module {
 
  private:
   TransformerEncoderLayerConfig config_;
-  ReLU relu_;
-  GELU gelu_;
+  ActivationLayer activation_;
   bool forwarded_ = false;
+};
 
-  Tensor self_attention_block(const Tensor& x, const EncoderInputs& inputs);
-  Tensor self_attention_block_backward(const Tensor& dy);
-  Tensor feed_forward_block(const Tensor& x);
-  Tensor feed_forward_block_backward(const Tensor& dy);
+// The decoder layer takes the encoder's configuration (same fields).
+using TransformerDecoderLayerConfig = TransformerEncoderLayerConfig;
+
+struct DecoderInputs {
+  Tensor tgt_mask;                 // self-attention attn_mask: (T, T) or (N·H, T, T)
+  Tensor memory_mask;              // cross-attention attn_mask: (T, S) or (N·H, T, S)
+  Tensor tgt_key_padding_mask;     // (N, T) or (T)
+  Tensor memory_key_padding_mask;  // (N, S) or (S)
+  bool tgt_is_causal = false;
+  bool memory_is_causal = false;
+};
+
+struct DecoderGradients {
+  Tensor dtgt, dmemory;
+};
+
+class TransformerDecoderLayer : public Module {
+ public:
+  TransformerDecoderLayer(const TransformerDecoderLayerConfig& config, Generator& gen);
+
+  const TransformerDecoderLayerConfig& config() const { return config_; }
+  // self_attn.*, multihead_attn.*, linear1.*, linear2.*, norm1.*, norm2.*, norm3.* (torch's order).
+  std::vector<NamedParameter> named_parameters() override;
+  void train(bool on = true) override;
+
+  // tgt (T, N, D), memory (S, N, D) (batch_first: (N, T, D), (N, S, D)).
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const DecoderInputs& inputs = {});
+  DecoderGradients backward(const Tensor& dy);
+
+  MultiheadAttention self_attn, multihead_attn;
+  Linear linear1, linear2;
+  LayerNorm norm1, norm2, norm3;
+  Dropout dropout, dropout1, dropout2, dropout3;
+
+ private:
+  TransformerDecoderLayerConfig config_;
+  ActivationLayer activation_;
+  bool forwarded_ = false;
 };
 
 // a + b, element-wise, same shape and dtype (the residual connections).
