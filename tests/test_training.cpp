@@ -1,0 +1,116 @@
+// Loss, optimizers, clipping and schedules against hand computations.
+#include "testing.h"
+
+using namespace mha;
+using namespace mha::nn;
+using namespace mha::testing;
+
+TEST(CrossEntropy, ValuesGradientIgnoreAndSmoothing) {
+  Tensor logits = random_tensor({2, 3, 5}, 1);
+  Tensor targets = Tensor::from_values(std::vector<double>{4, 0, -100, 2, 1, 3}, {2, 3}, DType::int64);
+  for (double eps : {0.0, 0.1}) {
+    SCOPED_TRACE("label_smoothing " + std::to_string(eps));
+    const CrossEntropyOptions o{.label_smoothing = eps};
+    CrossEntropyResult r = cross_entropy(logits, targets, o);
+    EXPECT_EQ(r.count, 5);
+    // By hand: mean over counted rows of (1-ε)(lse - x_t) + ε(lse - mean x).
+    double want = 0;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t l = 0; l < 3; ++l) {
+        const int64_t t = int64_t(targets.item({n, l}));
+        if (t == -100) continue;
+        double sum = 0, mean = 0;
+        for (int64_t c = 0; c < 5; ++c) sum += std::exp(logits.item({n, l, c})), mean += logits.item({n, l, c}) / 5;
+        want += (1 - eps) * (std::log(sum) - logits.item({n, l, t})) + eps * (std::log(sum) - mean);
+      }
+    EXPECT_NEAR(r.loss, want / 5, 1e-14);
+    for (int64_t c = 0; c < 5; ++c) EXPECT_EQ(r.dlogits.item({0, 2, c}), 0.0);  // ignored row
+    auto loss = [&] { return cross_entropy(logits, targets, o).loss; };
+    EXPECT_LT(gradient_error(logits, r.dlogits, loss), 1e-6);
+  }
+  EXPECT_THROW(cross_entropy(logits, Tensor::from_values(std::vector<double>{5, 0, 0, 0, 0, 0}, {2, 3}, DType::int64)),
+               ValueError);
+  EXPECT_THROW(cross_entropy(logits, Tensor::zeros({2, 3})), DtypeError);
+  EXPECT_THROW(cross_entropy(logits, Tensor::zeros({3, 2}, DType::int64)), ShapeError);
+  Tensor all_ignored = Tensor::full({2, 3}, -100, DType::int64);
+  EXPECT_EQ(cross_entropy(logits, all_ignored).loss, 0.0);  // no NaN from 0/0
+}
+
+TEST(Optim, AdamWMatchesTheUpdateRule) {
+  Tensor p = Tensor::from_values(std::vector<double>{1.0, -2.0}, {2}, DType::float64);
+  Tensor g = Tensor::zeros({2}, DType::float64);
+  optim::AdamW opt({{"p", &p, &g}}, {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.5});
+  double x = 1.0, m = 0, v = 0;
+  for (int t = 1; t <= 3; ++t) {
+    const double grad = 0.3 * t;
+    g.fill_(grad);
+    opt.step();
+    x *= 1 - 0.1 * 0.5;
+    m = 0.9 * m + 0.1 * grad;
+    v = 0.99 * v + 0.01 * grad * grad;
+    x -= 0.1 * (m / (1 - std::pow(0.9, t))) / (std::sqrt(v / (1 - std::pow(0.99, t))) + 1e-8);
+    EXPECT_NEAR(p.item({0}), x, 1e-14) << "step " << t;
+  }
+  EXPECT_EQ(opt.steps(), 3);
+}
+
+TEST(Optim, SGDMomentumAndNesterov) {
+  for (bool nesterov : {false, true}) {
+    Tensor p = Tensor::full({1}, 1.0, DType::float64), g = Tensor::zeros({1}, DType::float64);
+    optim::SGD opt({{"p", &p, &g}}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov});
+    double x = 1.0, b = 0;
+    for (int t = 1; t <= 3; ++t) {
+      g.fill_(0.5);
+      opt.step();
+      const double d = 0.5 + 0.01 * x;
+      b = t == 1 ? d : 0.9 * b + d;
+      x -= 0.1 * (nesterov ? d + 0.9 * b : b);
+      EXPECT_NEAR(p.item({0}), x, 1e-15);
+    }
+  }
+}
+
+TEST(Optim, ClipGradNorm) {
+  Tensor a = Tensor::zeros({2}, DType::float64), ga = Tensor::from_values(std::vector<double>{3, 0}, {2}, DType::float64);
+  Tensor b = Tensor::zeros({1}, DType::float64), gb = Tensor::full({1}, 4.0, DType::float64);
+  std::vector<NamedParameter> ps{{"a", &a, &ga}, {"b", &b, &gb}};
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm(ps, 10.0), 5.0);
+  EXPECT_EQ(gb.item({0}), 4.0);  // under the limit: untouched
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm(ps, 1.0), 5.0);
+  EXPECT_NEAR(ga.item({0}), 3.0 / (5 + 1e-6), 1e-15);
+  EXPECT_NEAR(gb.item({0}), 4.0 / (5 + 1e-6), 1e-15);
+  EXPECT_THROW(optim::clip_grad_norm(ps, 0.0), ValueError);
+}
+
+TEST(Optim, Schedules) {
+  EXPECT_DOUBLE_EQ(optim::warmup_cosine(0, 10, 110, 1.0), 0.1);
+  EXPECT_DOUBLE_EQ(optim::warmup_cosine(9, 10, 110, 1.0), 1.0);
+  EXPECT_NEAR(optim::warmup_cosine(60, 10, 110, 1.0, 0.1), 0.55, 1e-12);  // half-way: the mean
+  EXPECT_DOUBLE_EQ(optim::warmup_cosine(500, 10, 110, 1.0, 0.1), 0.1);
+  // Noam peaks at step = warmup - 1 (1-based: warmup) with d^-0.5 · warmup^-0.5.
+  EXPECT_NEAR(optim::noam(3999, 512, 4000), std::pow(512.0, -0.5) * std::pow(4000.0, -0.5), 1e-15);
+  EXPECT_LT(optim::noam(100, 512, 4000), optim::noam(3999, 512, 4000));
+  EXPECT_LT(optim::noam(20000, 512, 4000), optim::noam(3999, 512, 4000));
+}
+
+TEST(Optim, TrainsALinearClassifier) {
+  // Separable 3-class data: a Linear layer and AdamW reach zero training error quickly.
+  Generator g(3);
+  Linear lin({.in_features = 4, .out_features = 3, .dtype = DType::float64}, g);
+  Tensor x = random_tensor({60, 4}, 1);
+  std::vector<double> labels(60);
+  for (int64_t i = 0; i < 60; ++i) labels[size_t(i)] = x.item({i, 0}) > 0.5 ? 0 : (x.item({i, 1}) > 0 ? 1 : 2);
+  Tensor y = Tensor::from_values(labels, {60}, DType::int64);
+  optim::AdamW opt(lin.named_parameters(), {.lr = 0.05, .weight_decay = 0.0});
+  double first = 0, last = 0;
+  for (int step = 0; step < 300; ++step) {
+    lin.zero_grad();
+    CrossEntropyResult r = cross_entropy(lin.forward(x), y);
+    lin.backward(r.dlogits);
+    opt.step();
+    if (step == 0) first = r.loss;
+    last = r.loss;
+  }
+  EXPECT_LT(last, 0.3 * first);
+  EXPECT_GE(cross_entropy(lin.forward(x), y).correct, 57);
+}
