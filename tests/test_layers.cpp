@@ -306,3 +306,20 @@ TEST(TransformerDecoderLayer, GradientsOfTargetMemoryAndParameters) {
       std::printf("  decoder layer %-24s worst relative gradient error %.1e\n", name.c_str(), worst);
     }
 }
+
+TEST(Positional, SinusoidalAsDefined) {
+  Tensor pe = sinusoidal_encoding(50, 8, DType::float64);
+  EXPECT_EQ(pe.item({0, 0}), 0.0);
+  EXPECT_EQ(pe.item({0, 1}), 1.0);
+  EXPECT_NEAR(pe.item({7, 2}), std::sin(7 / std::pow(10000.0, 2.0 / 8)), 1e-15);
+  EXPECT_NEAR(pe.item({7, 3}), std::cos(7 / std::pow(10000.0, 2.0 / 8)), 1e-15);
+  // Works past any training length, and offsets continue the same table.
+  Tensor later = sinusoidal_encoding(10, 8, DType::float64, 45);
+  EXPECT_LE(max_abs_diff(later.slice(0, 0, 5), pe.slice(0, 45, 50)), 1e-15);
+  Tensor x = random_tensor({3, 2, 8}, 1);
+  Tensor y = add_sinusoidal_encoding(x);
+  EXPECT_NEAR(y.item({2, 1, 3}), x.item({2, 1, 3}) + pe.item({2, 3}), 1e-15);
+  Tensor yb = add_sinusoidal_encoding(x.transpose(0, 1).contiguous(), true);
+  EXPECT_LE(max_abs_diff(yb.transpose(0, 1), y), 1e-15);
+  EXPECT_THROW(sinusoidal_encoding(0, 8), ValueError);
+}

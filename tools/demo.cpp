@@ -2,7 +2,6 @@
 // MultiheadAttention layer in evaluation mode, and each head's weights.
 #include "demo.h"
 
-#include <cmath>
 #include <iomanip>
 #include <map>
 
@@ -12,7 +11,8 @@ namespace mha::tools {
 
 namespace {
 
-// x[l] = embedding(token_l) + PE(l), PE(l, 2i) = sin(l / 10000^(2i/D)), PE(l, 2i+1) = cos(…).
+// x[l] = embedding(token_l) + PE(l): a random vector per distinct token plus
+// the sinusoidal position encoding.
 Tensor embed(const std::vector<std::string>& tokens, int64_t D, Generator& gen) {
   std::map<std::string, Tensor> table;
   const int64_t L = int64_t(tokens.size());
@@ -20,13 +20,9 @@ Tensor embed(const std::vector<std::string>& tokens, int64_t D, Generator& gen) 
   for (int64_t l = 0; l < L; ++l) {
     auto it = table.find(tokens[size_t(l)]);
     if (it == table.end()) it = table.emplace(tokens[size_t(l)], randn({D}, gen)).first;
-    for (int64_t e = 0; e < D; ++e) {
-      const double freq = std::pow(10000.0, -double(e - e % 2) / double(D));
-      const double pe = e % 2 == 0 ? std::sin(double(l) * freq) : std::cos(double(l) * freq);
-      x.set_item({l, e}, it->second.item({e}) + pe);
-    }
+    x.select(0, l).copy_(it->second);
   }
-  return x;
+  return nn::add_sinusoidal_encoding(x);
 }
 
 }  // namespace

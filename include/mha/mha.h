@@ -12,6 +12,7 @@
 #include "mha/nn/loss.h"
 #include "mha/nn/module.h"
 #include "mha/nn/multihead_attention.h"
+#include "mha/nn/positional.h"
 #include "mha/nn/transformer.h"
 #include "mha/optim.h"
 #include "mha/random.h"

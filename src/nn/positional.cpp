@@ -1,0 +1,49 @@
+// Sinusoidal position encoding (formula in positional.h), computed in double.
+#include "mha/nn/positional.h"
+
+#include <cmath>
+
+#include "nn/layer_util.h"
+
+namespace mha::nn {
+
+Tensor sinusoidal_encoding(int64_t L, int64_t D, DType dtype, int64_t offset) {
+  const char* fn = "mha::nn::sinusoidal_encoding";
+  if (L <= 0) raise<ValueError>(fn, "L", "> 0", std::to_string(L));
+  if (D <= 0) raise<ValueError>(fn, "D", "> 0", std::to_string(D));
+  if (offset < 0) raise<ValueError>(fn, "offset", ">= 0", std::to_string(offset));
+  check_layer_dtype(dtype, fn);
+  std::vector<double> values(size_t(L * D));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < D; ++e) {
+      const double angle = double(l + offset) * std::pow(10000.0, -double(e - e % 2) / double(D));
+      values[size_t(l * D + e)] = e % 2 == 0 ? std::sin(angle) : std::cos(angle);
+    }
+  return Tensor::from_values(values, {L, D}, dtype);
+}
+
+Tensor add_sinusoidal_encoding(const Tensor& x_in, bool batch_first, int64_t offset) {
+  const char* fn = "mha::nn::add_sinusoidal_encoding";
+  check_defined(x_in, fn, "x");
+  check_layer_dtype(x_in.dtype(), fn);
+  if (x_in.dim() != 2 && x_in.dim() != 3)
+    raise<ShapeError>(fn, "x", "(L, N, D), (N, L, D) with batch_first, or (L, D)", shape_string(x_in.shape()));
+  const Tensor x = x_in.contiguous();
+  const int64_t D = x.size(-1), L = x.dim() == 3 && batch_first ? x.size(1) : x.size(0);
+  const int64_t N = x.dim() == 3 ? (batch_first ? x.size(0) : x.size(1)) : 1;
+  const Tensor pe = sinusoidal_encoding(L, D, x.dtype(), offset);
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *src = x.data<T>(), *p = pe.data<T>();
+    T* dst = out.data<T>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t row = batch_first ? n * L + l : l * N + n;
+        for (int64_t e = 0; e < D; ++e) dst[row * D + e] = src[row * D + e] + p[l * D + e];
+      }
+  });
+  return out;
+}
+
+}  // namespace mha::nn
