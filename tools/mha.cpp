@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "demo.h"
+#include "train_command.h"
 #include "mha/mha.h"
 
 int main(int argc, char** argv) {
@@ -19,9 +20,33 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--heads", demo.num_heads, "Number of heads")->capture_default_str();
   demo_cmd->add_option("--seed", demo.seed, "Random seed")->capture_default_str();
 
+  mha::tools::TrainCommand train;
+  CLI::App* train_cmd = app.add_subcommand("train", "Train a small Transformer on a toy task; report held-out exact match");
+  train_cmd->add_option("--task", train.task, "copy, reverse, sort or add")->capture_default_str();
+  train_cmd->add_option("--min-length", train.task_config.min_length, "Shortest input (copy, reverse, sort)")->capture_default_str();
+  train_cmd->add_option("--max-length", train.task_config.max_length, "Longest input (copy, reverse, sort)")->capture_default_str();
+  train_cmd->add_option("--digits", train.task_config.digits, "Operand digits (add)")->capture_default_str();
+  train_cmd->add_option("--heldout", train.task_config.heldout, "Held-out examples")->capture_default_str();
+  train_cmd->add_option("--d-model", train.model.d_model, "Model dimension")->capture_default_str();
+  train_cmd->add_option("--heads", train.model.nhead, "Attention heads")->capture_default_str();
+  train_cmd->add_option("--layers", train.model.num_layers, "Transformer layers")->capture_default_str();
+  train_cmd->add_option("--ff", train.model.dim_feedforward, "Feed-forward dimension")->capture_default_str();
+  train_cmd->add_option("--dropout", train.model.dropout, "Dropout")->capture_default_str();
+  train_cmd->add_flag("--post-ln,!--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
+  train_cmd->add_option("--steps", train.train.steps, "Training steps")->capture_default_str();
+  train_cmd->add_option("--batch", train.train.batch_size, "Sequences per step")->capture_default_str();
+  train_cmd->add_option("--lr", train.train.lr, "Peak learning rate (AdamW)")->capture_default_str();
+  train_cmd->add_option("--warmup", train.train.warmup, "Warm-up steps")->capture_default_str();
+  train_cmd->add_option("--clip", train.train.clip, "Gradient-norm clipping")->capture_default_str();
+  train_cmd->add_option("--seed", train.train.seed, "Random seed")->capture_default_str();
+  train_cmd->add_option("--eval-every", train.train.eval_every, "Held-out evaluation interval")->capture_default_str();
+  train_cmd->add_option("--max-seconds", train.train.max_seconds, "Stop after this much training time")->capture_default_str();
+  train_cmd->add_option("--out", train.out, "Folder for metrics.csv and summary.json");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) mha::tools::run_demo(demo, std::cout);
+    if (train_cmd->parsed()) return mha::tools::run_train(train);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

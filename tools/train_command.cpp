@@ -1,0 +1,83 @@
+// `mha train`: progress on a terminal as one live line, else plain lines.
+#include "train_command.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mha::tools {
+
+namespace {
+
+// Writes `text` to `path` atomically: a temporary file in the same folder, then rename.
+void write_atomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d:%02d", int(s) / 60, int(s) % 60);
+  return buf;
+}
+
+}  // namespace
+
+int run_train(TrainCommand& cmd) {
+  cmd.task_config.task = train::parse_task(cmd.task);
+  cmd.model.vocab_size = train::kVocab;
+  const train::TaskData data(cmd.task_config, cmd.train.seed);
+  Generator gen(cmd.train.seed);
+  nn::LanguageModel model(cmd.model, gen);
+  int64_t parameters = 0;
+  for (const nn::NamedParameter& p : model.named_parameters()) parameters += p.value->numel();
+  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %lld layers, %lld parameters\n",
+              cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
+              (long long)cmd.model.num_layers, (long long)parameters);
+  const bool tty = isatty(fileno(stdout));
+  std::ostringstream metrics;
+  metrics << "step,loss,token_accuracy,heldout_exact_match,tokens_per_second,elapsed_seconds\n";
+  const train::TrainResult r = train::train(model, data, cmd.train, [&](const train::TrainProgress& p) {
+    metrics << p.step << ',' << p.loss << ',' << p.token_accuracy << ','
+            << (p.heldout_exact_match >= 0 ? std::to_string(p.heldout_exact_match) : "") << ',' << p.tokens_per_second
+            << ',' << p.elapsed_seconds << '\n';
+    const double eta = p.elapsed_seconds / double(p.step) * double(p.steps - p.step);
+    char line[256];
+    std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  token acc %5.1f%%  %7.0f tok/s  %s elapsed, ETA %s%s",
+                  (long long)p.step, (long long)p.steps, p.loss, 100 * p.token_accuracy, p.tokens_per_second,
+                  seconds_text(p.elapsed_seconds).c_str(), seconds_text(eta).c_str(),
+                  p.heldout_exact_match >= 0 ? ("  held-out exact " + std::to_string(int(100 * p.heldout_exact_match + 0.5)) + "%").c_str() : "");
+    if (tty) {
+      std::printf("\r\033[K%s", line);
+      if (p.heldout_exact_match >= 0) std::printf("\n");
+      std::fflush(stdout);
+    } else if (p.heldout_exact_match >= 0) {
+      std::printf("%s\n", line);
+    }
+  });
+  std::printf("held-out exact match: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
+              100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
+  if (!cmd.out.empty()) {
+    std::filesystem::create_directories(cmd.out);
+    write_atomically(std::filesystem::path(cmd.out) / "metrics.csv", metrics.str());
+    std::ostringstream summary;
+    summary << "{\n  \"task\": \"" << cmd.task << "\",\n  \"steps\": " << r.steps << ",\n  \"heldout_exact_match\": "
+            << r.heldout_exact_match << ",\n  \"train_seconds\": " << r.train_seconds << ",\n  \"tokens_per_second\": "
+            << r.tokens_per_second << ",\n  \"final_loss\": " << r.final_loss << ",\n  \"parameters\": " << parameters
+            << "\n}\n";
+    write_atomically(std::filesystem::path(cmd.out) / "summary.json", summary.str());
+    std::printf("wrote %s/metrics.csv and %s/summary.json\n", cmd.out.c_str(), cmd.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace mha::tools

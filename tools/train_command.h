@@ -1,0 +1,21 @@
+// `mha train`: trains a decoder-only Transformer on a toy task and reports
+// held-out exact match; optionally writes metrics.csv and summary.json.
+#pragma once
+
+#include <string>
+
+#include "mha/train/trainer.h"
+
+namespace mha::tools {
+
+struct TrainCommand {
+  std::string task = "copy";
+  train::TaskConfig task_config;
+  nn::LanguageModelConfig model;
+  train::TrainConfig train;
+  std::string out;  // output folder; empty: none
+};
+
+int run_train(TrainCommand& command);
+
+}  // namespace mha::tools
