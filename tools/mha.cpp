@@ -41,12 +41,17 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--seed", train.train.seed, "Random seed")->capture_default_str();
   train_cmd->add_option("--eval-every", train.train.eval_every, "Held-out evaluation interval")->capture_default_str();
   train_cmd->add_option("--max-seconds", train.train.max_seconds, "Stop after this much training time")->capture_default_str();
-  train_cmd->add_option("--out", train.out, "Folder for metrics.csv and summary.json");
+  train_cmd->add_option("--out", train.out, "Folder for the checkpoint, metrics.csv and summary.json");
+
+  std::string checkpoint;
+  CLI::App* eval_cmd = app.add_subcommand("eval", "Held-out exact match of a trained checkpoint");
+  eval_cmd->add_option("--checkpoint", checkpoint, "A folder written by `mha train --out`")->required();
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) mha::tools::run_demo(demo, std::cout);
     if (train_cmd->parsed()) return mha::tools::run_train(train);
+    if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

@@ -4,25 +4,14 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
+
+#include "mha/io/safetensors.h"
+#include "mha/train/checkpoint.h"
 
 namespace mha::tools {
 
 namespace {
-
-// Writes `text` to `path` atomically: a temporary file in the same folder, then rename.
-void write_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw std::runtime_error("cannot write " + tmp.string());
-  }
-  std::filesystem::rename(tmp, path);
-}
 
 std::string seconds_text(double s) {
   char buf[32];
@@ -67,16 +56,26 @@ int run_train(TrainCommand& cmd) {
   std::printf("held-out exact match: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
               100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
   if (!cmd.out.empty()) {
-    std::filesystem::create_directories(cmd.out);
-    write_atomically(std::filesystem::path(cmd.out) / "metrics.csv", metrics.str());
+    train::save_checkpoint(cmd.out, model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = r.steps});
+    io::write_file_atomically(cmd.out + "/metrics.csv", metrics.str());
     std::ostringstream summary;
     summary << "{\n  \"task\": \"" << cmd.task << "\",\n  \"steps\": " << r.steps << ",\n  \"heldout_exact_match\": "
             << r.heldout_exact_match << ",\n  \"train_seconds\": " << r.train_seconds << ",\n  \"tokens_per_second\": "
             << r.tokens_per_second << ",\n  \"final_loss\": " << r.final_loss << ",\n  \"parameters\": " << parameters
             << "\n}\n";
-    write_atomically(std::filesystem::path(cmd.out) / "summary.json", summary.str());
-    std::printf("wrote %s/metrics.csv and %s/summary.json\n", cmd.out.c_str(), cmd.out.c_str());
+    io::write_file_atomically(cmd.out + "/summary.json", summary.str());
+    std::printf("wrote %s/: model.safetensors, config.json, metrics.csv, summary.json\n", cmd.out.c_str());
   }
+  return 0;
+}
+
+int run_eval(const std::string& checkpoint) {
+  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+  const train::TaskData data(loaded.info.task, loaded.info.seed);
+  const double accuracy = train::exact_match(*loaded.model, data.heldout());
+  std::printf("%s: task %s, trained %lld steps; held-out exact match %.1f%% (%lld examples)\n", checkpoint.c_str(),
+              train::to_string(loaded.info.task.task).c_str(), (long long)loaded.info.steps, 100 * accuracy,
+              (long long)data.heldout().size());
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // `mha train`: trains a decoder-only Transformer on a toy task and reports
-// held-out exact match; optionally writes metrics.csv and summary.json.
+// held-out exact match; with --out, writes a checkpoint (model.safetensors,
+// config.json), metrics.csv and summary.json.
 #pragma once
 
 #include <string>
@@ -17,5 +18,7 @@ struct TrainCommand {
 };
 
 int run_train(TrainCommand& command);
+// `mha eval --checkpoint DIR`: reloads a checkpoint and prints its held-out exact match.
+int run_eval(const std::string& checkpoint);
 
 }  // namespace mha::tools

@@ -28,6 +28,11 @@ struct DeviceError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A file that is truncated, corrupt, or does not match what the caller expects.
+struct FormatError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // A call made in the wrong order (backward before forward, ...).
 struct StateError : std::logic_error {
   using std::logic_error::logic_error;
