@@ -3,7 +3,7 @@
 # Sourced by main.sh and test.sh; safe to run again.
 set -euo pipefail
 
-MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev)
+MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libpng-dev)
 
 mha_missing_packages() {
   local missing=() p

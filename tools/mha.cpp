@@ -47,11 +47,18 @@ int main(int argc, char** argv) {
   CLI::App* eval_cmd = app.add_subcommand("eval", "Held-out exact match of a trained checkpoint");
   eval_cmd->add_option("--checkpoint", checkpoint, "A folder written by `mha train --out`")->required();
 
+  std::string viz_checkpoint, viz_input, viz_out = "attention.png";
+  CLI::App* viz_cmd = app.add_subcommand("viz", "Draw every layer's and head's attention for one input (PNG)");
+  viz_cmd->add_option("--checkpoint", viz_checkpoint, "A folder written by `mha train --out`")->required();
+  viz_cmd->add_option("--input", viz_input, "Digits (and '+' for add), e.g. \"3 1 4 1 5\"")->required();
+  viz_cmd->add_option("--out", viz_out, "PNG file to write")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) mha::tools::run_demo(demo, std::cout);
     if (train_cmd->parsed()) return mha::tools::run_train(train);
     if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint);
+    if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

@@ -8,6 +8,8 @@
 
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
+#include "mha/errors.h"
+#include "mha/viz/image.h"
 
 namespace mha::tools {
 
@@ -76,6 +78,35 @@ int run_eval(const std::string& checkpoint) {
   std::printf("%s: task %s, trained %lld steps; held-out exact match %.1f%% (%lld examples)\n", checkpoint.c_str(),
               train::to_string(loaded.info.task.task).c_str(), (long long)loaded.info.steps, 100 * accuracy,
               (long long)data.heldout().size());
+  return 0;
+}
+
+int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out) {
+  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+  std::vector<int64_t> tokens;
+  for (char c : input) {
+    if (c >= '0' && c <= '9') tokens.push_back(c - '0');
+    else if (c == '+') tokens.push_back(train::kPlus);
+    else if (c != ' ' && c != ',')
+      throw mha::ValueError(std::string("[mha viz] --input: expected digits, spaces and '+'; got '") + c + "'");
+  }
+  if (tokens.empty()) throw mha::ValueError("[mha viz] --input: expected at least one digit; got none");
+  const std::vector<int64_t> output = train::generate(*loaded.model, {tokens}, 2 * int64_t(tokens.size()) + 2)[0];
+  std::vector<int64_t> sequence{train::kBos};
+  sequence.insert(sequence.end(), tokens.begin(), tokens.end());
+  sequence.push_back(train::kSep);
+  sequence.insert(sequence.end(), output.begin(), output.end());
+  Tensor ids = Tensor::empty({1, int64_t(sequence.size())}, DType::int64);
+  std::copy(sequence.begin(), sequence.end(), ids.data<int64_t>());
+  loaded.model->forward(ids, true);
+  std::vector<Tensor> weights;
+  for (const Tensor& w : loaded.model->attention_weights()) weights.push_back(w.select(0, 0));
+  std::vector<std::string> labels;
+  for (int64_t t : sequence) labels.push_back(train::format_tokens({t}));
+  viz::save_png(out, viz::attention_grid(weights, labels));
+  std::printf("input  %s\noutput %s\nwrote %s: attention of %zu layers × %lld heads (rows: queries, columns: keys)\n",
+              train::format_tokens(tokens).c_str(), train::format_tokens(output).c_str(), out.c_str(), weights.size(),
+              (long long)weights[0].size(0));
   return 0;
 }
 

@@ -35,14 +35,18 @@ void LanguageModel::train(bool on) {
   for (auto& l : layers) l->train(on);
 }
 
-Tensor LanguageModel::forward(const Tensor& ids) {
+Tensor LanguageModel::forward(const Tensor& ids, bool need_weights) {
   const char* fn = "mha::nn::LanguageModel::forward";
   check_defined(ids, fn, "ids");
   if (ids.dim() != 2) raise<ShapeError>(fn, "ids", "(B, L)", shape_string(ids.shape()));
   // Embeddings are N(0, 1) and positions in [-1, 1]: comparable scales, so
   // they are summed as they are (no √D factor).
   Tensor x = add_sinusoidal_encoding(embedding.forward(ids), true);
-  for (auto& layer : layers) x = layer->forward(x, {.is_causal = true});
+  weights_.clear();
+  for (auto& layer : layers) {
+    x = layer->forward(x, {.is_causal = true, .need_weights = need_weights});
+    if (need_weights) weights_.push_back(layer->last_attention_weights());
+  }
   if (config_.norm_first) x = norm.forward(x);
   return head.forward(x);
 }

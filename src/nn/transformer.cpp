@@ -32,14 +32,17 @@ MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c
           .dtype = c.dtype};
 }
 
-// dropout(attention(q, kv, kv)): one attention block of a layer.
+// dropout(attention(q, kv, kv)): one attention block of a layer; per-head
+// weights into *weights when it is not null.
 Tensor attention_block(MultiheadAttention& attention, Dropout& drop, const Tensor& q, const Tensor& kv,
-                       const Tensor& attn_mask, const Tensor& key_padding_mask, bool is_causal) {
-  return drop.forward(attention
-                          .forward(q, kv, kv,
-                                   {.key_padding_mask = key_padding_mask, .need_weights = false, .attn_mask = attn_mask,
-                                    .is_causal = is_causal})
-                          .output);
+                       const Tensor& attn_mask, const Tensor& key_padding_mask, bool is_causal,
+                       Tensor* weights = nullptr) {
+  MultiheadAttentionOutput out = attention.forward(
+      q, kv, kv,
+      {.key_padding_mask = key_padding_mask, .need_weights = weights != nullptr, .attn_mask = attn_mask,
+       .average_attn_weights = false, .is_causal = is_causal});
+  if (weights) *weights = out.weights;
+  return drop.forward(out.output);
 }
 
 // Gradients of an attention block's query input and of its key/value input.
@@ -97,8 +100,10 @@ void TransformerEncoderLayer::train(bool on) {
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const EncoderInputs& in) {
   forwarded_ = true;
+  weights_ = Tensor();
   auto sa = [&](const Tensor& x) {
-    return attention_block(self_attn, dropout1, x, x, in.src_mask, in.src_key_padding_mask, in.is_causal);
+    return attention_block(self_attn, dropout1, x, x, in.src_mask, in.src_key_padding_mask, in.is_causal,
+                           in.need_weights ? &weights_ : nullptr);
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
   if (config_.norm_first) {

@@ -33,8 +33,11 @@ class LanguageModel : public Module {
   std::vector<NamedParameter> named_parameters() override;
   void train(bool on = true) override;
 
-  Tensor forward(const Tensor& ids);
+  // need_weights: keep each layer's per-head attention weights, (B, H, L, L),
+  // in attention_weights() (for pictures; costs O(L²) per head).
+  Tensor forward(const Tensor& ids, bool need_weights = false);
   void backward(const Tensor& dlogits);
+  const std::vector<Tensor>& attention_weights() const { return weights_; }
 
   Embedding embedding;
   std::vector<std::unique_ptr<TransformerEncoderLayer>> layers;
@@ -43,6 +46,7 @@ class LanguageModel : public Module {
 
  private:
   LanguageModelConfig config_;
+  std::vector<Tensor> weights_;
 };
 
 }  // namespace mha::nn

@@ -53,6 +53,7 @@ struct EncoderInputs {
   Tensor src_mask;              // attn_mask of self_attn: (S, S) or (N·H, S, S)
   Tensor src_key_padding_mask;  // (N, S) or (S)
   bool is_causal = false;
+  bool need_weights = false;    // keep self-attention's per-head weights in last_attention_weights()
 };
 
 class TransformerEncoderLayer : public Module {
@@ -66,6 +67,8 @@ class TransformerEncoderLayer : public Module {
 
   Tensor forward(const Tensor& src, const EncoderInputs& inputs = {});
   Tensor backward(const Tensor& dy);
+  // (N, H, S, S) weights of the last forward with need_weights (else undefined).
+  const Tensor& last_attention_weights() const { return weights_; }
 
   MultiheadAttention self_attn;
   Linear linear1, linear2;
@@ -76,6 +79,7 @@ class TransformerEncoderLayer : public Module {
   TransformerEncoderLayerConfig config_;
   ActivationLayer activation_;
   bool forwarded_ = false;
+  Tensor weights_;
 };
 
 // The decoder layer takes the encoder's configuration (same fields).

@@ -1,0 +1,100 @@
+// The attention grid: panels of heatmaps, token labels in a 5×7 font, and a
+// colour scale. Layout (pixels): a left margin for row labels, a top margin
+// for the panel titles and the column labels written downwards.
+#include <algorithm>
+#include <cmath>
+
+#include "check.h"
+#include "mha/viz/image.h"
+#include "viz/font.h"
+
+namespace mha::viz {
+
+namespace {
+
+constexpr int64_t kCell = 12, kGap = 14, kChar = 6, kLine = 9, kBar = 12;
+
+void draw_text(Image& img, int64_t x, int64_t y, const std::string& text, bool vertical = false) {
+  for (char c : text) {
+    if (const Glyph* g = glyph_of(c))
+      for (int64_t r = 0; r < 7; ++r)
+        for (int64_t b = 0; b < 5; ++b)
+          if (g->rows[r] & (1 << (4 - b))) img.set(x + b, y + r, 20, 20, 20);
+    (vertical ? y : x) += vertical ? kLine : kChar;
+  }
+}
+
+int64_t longest(const std::vector<std::string>& tokens) {
+  size_t n = 1;
+  for (const std::string& t : tokens) n = std::max(n, t.size());
+  return int64_t(n);
+}
+
+}  // namespace
+
+void colour_of(double w, uint8_t rgb[3]) {
+  static const double anchors[5][3] = {{68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
+  w = std::clamp(std::isfinite(w) ? w : 0.0, 0.0, 1.0) * 4;
+  const int i = std::min(3, int(w));
+  const double f = w - i;
+  for (int k = 0; k < 3; ++k) rgb[k] = uint8_t(std::lround(anchors[i][k] * (1 - f) + anchors[i + 1][k] * f));
+}
+
+GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& tokens) {
+  (void)layers, (void)heads;
+  const int64_t L = int64_t(tokens.size()), label = longest(tokens);
+  GridLayout g;
+  g.cell = kCell;
+  g.panel_x0 = 4 + label * kChar + 4;
+  g.panel_y0 = 4 + kLine + 4 + label * kLine + 2;
+  g.panel_stride_x = L * kCell + kGap + label * kChar + 4;
+  g.panel_stride_y = L * kCell + kGap + kLine + 4 + label * kLine + 2;
+  return g;
+}
+
+Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& tokens) {
+  const char* fn = "mha::viz::attention_grid";
+  if (weights.empty()) raise<ShapeError>(fn, "weights", "at least one layer", "none");
+  const int64_t L = int64_t(tokens.size()), layers = int64_t(weights.size());
+  const int64_t heads = weights[0].dim() == 3 ? weights[0].size(0) : 0;
+  for (const Tensor& w : weights)
+    if (!w.defined() || w.dim() != 3 || w.size(0) != heads || w.size(1) != L || w.size(2) != L)
+      raise<ShapeError>(fn, "weights", "(H, L, L) per layer with L = " + std::to_string(L) + " tokens", describe(w));
+  const GridLayout g = attention_grid_layout(layers, heads, tokens);
+  const int64_t label = longest(tokens);
+  const int64_t width = g.panel_x0 + heads * g.panel_stride_x + kBar + 8 * kChar;
+  const int64_t height = g.panel_y0 + layers * g.panel_stride_y;
+  Image img(width, height);
+  uint8_t c[3];
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const std::vector<double> w = weights[size_t(layer)].to_vector();
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t x0 = g.panel_x0 + h * g.panel_stride_x, y0 = g.panel_y0 + layer * g.panel_stride_y;
+      std::string title = "L";  // built step by step: GCC 12 warns (-Wrestrict) on the chained form
+      title += std::to_string(layer);
+      title += " H";
+      title += std::to_string(h);
+      draw_text(img, x0, y0 - label * kLine - 2 - kLine - 4, title);
+      for (int64_t j = 0; j < L; ++j) draw_text(img, x0 + j * kCell + 3, y0 - label * kLine - 2, tokens[size_t(j)], true);
+      for (int64_t i = 0; i < L; ++i) {
+        draw_text(img, x0 - int64_t(tokens[size_t(i)].size()) * kChar - 3, y0 + i * kCell + 2, tokens[size_t(i)]);
+        for (int64_t j = 0; j < L; ++j) {
+          colour_of(w[size_t((h * L + i) * L + j)], c);
+          for (int64_t dy = 0; dy < kCell - 1; ++dy)
+            for (int64_t dx = 0; dx < kCell - 1; ++dx) img.set(x0 + j * kCell + dx, y0 + i * kCell + dy, c[0], c[1], c[2]);
+        }
+      }
+    }
+  }
+  // The colour scale: 0 at the bottom, 1 at the top.
+  const int64_t bx = g.panel_x0 + heads * g.panel_stride_x, by = g.panel_y0, bh = std::max<int64_t>(L * kCell, 40);
+  for (int64_t y = 0; y < bh; ++y) {
+    colour_of(1.0 - double(y) / double(bh - 1), c);
+    for (int64_t x = 0; x < kBar; ++x) img.set(bx + x, by + y, c[0], c[1], c[2]);
+  }
+  draw_text(img, bx + kBar + 3, by, "1");
+  draw_text(img, bx + kBar + 3, by + bh - 7, "0");
+  return img;
+}
+
+}  // namespace mha::viz
