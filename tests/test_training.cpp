@@ -172,3 +172,42 @@ TEST(Trainer, LearnsToCopyShortSequences) {
   std::printf("  copy (lengths 2-3): held-out exact match %.2f after %lld steps\n", r.heldout_exact_match,
               (long long)r.steps);
 }
+
+TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
+  // After training on copy, some head must put its strongest weight, for the
+  // query that predicts output token k, on input token k: the diagonal the
+  // pictures show. Checked over every target position of the held-out set.
+  train::TaskData data({.task = train::Task::copy, .min_length = 4, .max_length = 6, .heldout = 64}, 2);
+  Generator g(2);
+  LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 2, .dim_feedforward = 64}, g);
+  const train::TrainResult r = train::train(
+      model, data, {.steps = 400, .batch_size = 32, .lr = 1e-2, .min_lr = 1e-3, .warmup = 30, .eval_every = 100});
+  ASSERT_GE(r.heldout_exact_match, 0.95);
+  std::vector<std::vector<int64_t>> hits(model.layers.size(), std::vector<int64_t>(2, 0));
+  int64_t targets = 0;
+  for (const train::Example& e : data.heldout()) {
+    const train::Batch b = train::make_batch({e});
+    Tensor ids = Tensor::empty({1, b.length}, DType::int64);
+    std::copy(b.ids.begin(), b.ids.end(), ids.data<int64_t>());
+    model.forward(ids, true);
+    const int64_t sep = 1 + int64_t(e.input.size()), n = int64_t(e.output.size());
+    targets += n;
+    for (size_t layer = 0; layer < model.layers.size(); ++layer) {
+      const Tensor& w = model.attention_weights()[layer];  // (1, H, T, T)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t query = sep + k;  // predicts output token k
+          int64_t best = 0;
+          for (int64_t j = 1; j <= query; ++j)
+            if (w.item({0, h, query, j}) > w.item({0, h, query, best})) best = j;
+          hits[layer][size_t(h)] += best == 1 + k;  // input token k sits at position 1 + k
+        }
+    }
+  }
+  double best_fraction = 0;
+  for (auto& layer : hits)
+    for (int64_t h : layer) best_fraction = std::max(best_fraction, double(h) / double(targets));
+  std::printf("  copy: best head puts its strongest weight on the source for %.1f%% of %lld target positions\n",
+              100 * best_fraction, (long long)targets);
+  EXPECT_GE(best_fraction, 0.95);
+}
