@@ -132,3 +132,20 @@ TEST(Random, MomentsAndDistinctStreams) {
   Generator same(7);
   EXPECT_EQ(randn({20000}, same, 0.0, 1.0, DType::float64).to_vector(), n);
 }
+
+TEST(Tensor, LargeBlocksAreReusedAfterFree) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the block cache is off under AddressSanitizer, so that use-after-free is caught";
+#else
+  const void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1 << 20});  // 4 MiB
+    first = t.raw_data();
+  }
+  Tensor again = Tensor::empty({1 << 20});
+  EXPECT_EQ(again.raw_data(), first);  // no fresh pages for the same size
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(again.raw_data()) % 64, 0u);
+  Tensor small = Tensor::empty({3});
+  EXPECT_NE(small.raw_data(), nullptr);
+#endif
+}

@@ -1,8 +1,6 @@
-// The CPU backend: 64-byte aligned host memory and the CPU attention kernels.
-#include <cstdlib>
-#include <new>
-
+// The CPU backend: host memory (cpu/allocator.h) and the CPU attention kernels.
 #include "backend.h"
+#include "cpu/allocator.h"
 #include "cpu/flash/dispatch.h"
 #include "cpu/reference/attention.h"
 
@@ -11,14 +9,8 @@ namespace mha {
 namespace {
 
 struct CpuBackend final : Backend {
-  void* allocate(size_t bytes, const char*) override {
-    // Round up: aligned_alloc needs a multiple of the alignment; never 0 bytes.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-  void deallocate(void* ptr) override { std::free(ptr); }
+  void* allocate(size_t bytes, const char*) override { return cpu::host_allocate(bytes); }
+  void deallocate(void* ptr) override { cpu::host_free(ptr); }
 
   void attention_forward(const AttentionParams& p, AttentionOutput& r) override {
     if (p.path == AttentionPath::fused) cpu::flash_attention_forward(p, r);

@@ -1,0 +1,83 @@
+// The host allocator with a cache of large blocks (policy in allocator.h).
+#include "cpu/allocator.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+namespace mha::cpu {
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kCaching = false;
+#else
+constexpr bool kCaching = true;
+#endif
+constexpr size_t kLarge = size_t(1) << 20, kGranule = size_t(1) << 16, kCap = size_t(256) << 20;
+
+struct Cache {
+  std::mutex mutex;
+  std::unordered_map<void*, size_t> size_of;  // every large block alive or cached
+  std::multimap<size_t, void*> idle;          // cached blocks by size
+  size_t idle_bytes = 0;
+};
+
+// Never destroyed: tensors freed during static destruction still find it.
+Cache& cache() {
+  static Cache* c = new Cache;
+  return *c;
+}
+
+void* aligned(size_t bytes) {
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+void* host_allocate(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded == 0) rounded = 64;
+  if (!kCaching || rounded < kLarge) return aligned(rounded);
+  rounded = (rounded + kGranule - 1) / kGranule * kGranule;
+  Cache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.idle.find(rounded);
+    if (it != c.idle.end()) {
+      void* p = it->second;
+      c.idle.erase(it);
+      c.idle_bytes -= rounded;
+      return p;
+    }
+  }
+  void* p = aligned(rounded);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.size_of[p] = rounded;
+  return p;
+}
+
+void host_free(void* ptr) {
+  if (!ptr) return;
+  if (kCaching) {
+    Cache& c = cache();
+    std::unique_lock<std::mutex> lock(c.mutex);
+    auto it = c.size_of.find(ptr);
+    if (it != c.size_of.end()) {
+      const size_t n = it->second;
+      if (c.idle_bytes + n <= kCap) {
+        c.idle.insert({n, ptr});
+        c.idle_bytes += n;
+        return;
+      }
+      c.size_of.erase(it);
+    }
+  }
+  std::free(ptr);
+}
+
+}  // namespace mha::cpu
