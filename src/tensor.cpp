@@ -50,8 +50,6 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-bool same_shape(const Tensor& a, const Tensor& b) { return a.shape() == b.shape(); }
-
 namespace {
 
 void check_shape(const Shape& shape, const char* fn) {

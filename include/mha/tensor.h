@@ -95,7 +95,4 @@ class Tensor {
 Shape contiguous_strides(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 
-// Shape comparison helpers for tests and validation.
-bool same_shape(const Tensor& a, const Tensor& b);
-
 }  // namespace mha

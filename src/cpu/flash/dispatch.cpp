@@ -317,7 +317,7 @@ namespace {
 struct BackwardPlan {
   const AttentionParams& p;
   Kernels kernels;
-  int64_t br, W, L, S, E, Ev, tiles, L_pad, E_pad, Ev_pad;
+  int64_t br, L, S, E, Ev, tiles, L_pad, E_pad, Ev_pad;
   FloatRows keys, values, queries, douts;
   Tensor out, lse;
   float* dq_base;
@@ -393,7 +393,7 @@ void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   const bool direct_k = f32 && one_to_one(p.k, p), direct_v = f32 && one_to_one(p.v, p);
   std::vector<float> dq_full(direct_q ? 0 : size_t(p.batch * L * E_pad)), dk_full(direct_k ? 0 : size_t(p.batch * S * E)),
       dv_full(direct_v ? 0 : size_t(p.batch * S * Ev));
-  const BackwardPlan plan{p, k, br, W, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
+  const BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
                           float_rows(p.k, p, E_pad), float_rows(p.v, p, Ev), float_rows(p.q, p, E_pad),
                           float_rows(dout_t, p, Ev_pad), fwd.out.contiguous(), fwd.lse.contiguous(),
                           direct_q ? g.dquery.data<float>() : dq_full.data(),
