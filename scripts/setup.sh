@@ -3,19 +3,25 @@
 # Sourced by main.sh and test.sh; safe to run again.
 set -euo pipefail
 
-MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libpng-dev)
+# To build the library, the mha command and the Python package.
+MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev
+  nlohmann-json3-dev libpng-dev pybind11-dev python3-dev python3-numpy)
+# Only to run the tests: PyTorch (Debian's is 1.13) to compare against, pytest, matplotlib.
+MHA_TEST_PACKAGES=(python3-torch python3-pytest python3-matplotlib)
 
+# Prints those of the given packages that are not installed.
 mha_missing_packages() {
   local missing=() p
-  for p in "${MHA_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   echo "${missing[@]:-}"
 }
 
-mha_setup() {
+# Installs those of the given packages that are missing: mha_install PACKAGES...
+mha_install() {
   local missing
-  missing=$(mha_missing_packages)
+  missing=$(mha_missing_packages "$@")
   [ -z "$missing" ] && return 0
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -34,4 +40,4 @@ mha_build() {
 }
 
 MHA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-mha_setup
+mha_install "${MHA_PACKAGES[@]}"

@@ -3,6 +3,7 @@
 # then build with AddressSanitizer + UndefinedBehaviorSanitizer and run it again.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+mha_install "${MHA_TEST_PACKAGES[@]}"
 start=$(date +%s)
 
 echo "== Release build and tests"
@@ -10,7 +11,7 @@ mha_build build -DMHA_BUILD_TESTS=ON >/dev/null
 ctest --test-dir "$MHA_ROOT/build" --output-on-failure -j"$(nproc)"
 
 echo "== ASan + UBSan build and tests"
-mha_build build-sanitize -DMHA_BUILD_TESTS=ON -DMHA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+mha_build build-sanitize -DMHA_BUILD_TESTS=ON -DMHA_BUILD_PYTHON=OFF -DMHA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir "$MHA_ROOT/build-sanitize" --output-on-failure -j"$(nproc)" -E install_consumer
 

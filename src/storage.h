@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <utility>
 
 #include "backend.h"
 
@@ -11,7 +13,13 @@ class Storage {
  public:
   Storage(size_t bytes, Device device, const char* fn)
       : bytes_(bytes), device_(device), ptr_(backend_for(device, fn).allocate(bytes, fn)) {}
-  ~Storage() { backend_for(device_, "mha::Storage").deallocate(ptr_); }
+  // Memory owned by someone else (Tensor::from_blob): `owner` (may be null)
+  // is released with the storage; nothing is freed here.
+  Storage(void* ptr, size_t bytes, Device device, std::shared_ptr<void> owner)
+      : bytes_(bytes), device_(device), ptr_(ptr), borrowed_(true), owner_(std::move(owner)) {}
+  ~Storage() {
+    if (!borrowed_) backend_for(device_, "mha::Storage").deallocate(ptr_);
+  }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
@@ -23,6 +31,8 @@ class Storage {
   size_t bytes_;
   Device device_;
   void* ptr_;
+  bool borrowed_ = false;
+  std::shared_ptr<void> owner_;
 };
 
 }  // namespace mha

@@ -106,6 +106,33 @@ Tensor Tensor::from_bools(const std::vector<bool>& values, const Shape& shape) {
   return from_values(v, shape, DType::boolean);
 }
 
+Tensor Tensor::from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype,
+                         std::shared_ptr<void> owner, Device device) {
+  const char* fn = "mha::Tensor::from_blob";
+  check_shape(shape, fn);
+  if (strides.size() != shape.size())
+    throw ShapeError(std::string("[") + fn + "] strides: expected " + std::to_string(shape.size()) +
+                     " strides for shape " + shape_string(shape) + "; got " + shape_string(strides));
+  int64_t extent = 1;  // elements spanned: 1 + Σ (size-1)·stride
+  bool empty = false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (strides[d] < 0)
+      throw ShapeError(std::string("[") + fn + "] strides: expected >= 0; got " +
+                       shape_string(strides));
+    if (shape[d] == 0) empty = true;
+    else extent += (shape[d] - 1) * strides[d];
+  }
+  if (data == nullptr && !empty)
+    throw ValueError(std::string("[") + fn + "] data: expected a non-null pointer; got null");
+  Tensor t;
+  size_t bytes = empty ? 0 : size_t(extent * dtype_size(dtype));
+  t.storage_ = std::make_shared<Storage>(data, bytes, device, std::move(owner));
+  t.shape_ = shape;
+  t.strides_ = strides;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu; }
 
 int64_t Tensor::wrap_dim(int64_t d, int64_t rank, const char* fn) const {

@@ -28,6 +28,29 @@ TEST(Tensor, AllocationIs64ByteAligned) {
   }
 }
 
+TEST(Tensor, FromBlobViewsForeignMemoryAndKeepsItsOwnerAlive) {
+  auto owner = std::make_shared<std::vector<float>>(std::vector<float>{0, 1, 2, 3, 4, 5});
+  std::weak_ptr<std::vector<float>> watch = owner;
+  // A transposed (2, 3) buffer: shape (3, 2), strides (1, 3).
+  Tensor t = Tensor::from_blob(owner->data(), {3, 2}, {1, 3}, DType::float32, owner);
+  owner.reset();
+  EXPECT_FALSE(watch.expired());
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.to_vector(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  t.set_item({2, 1}, 9);  // writes through to the foreign buffer
+  EXPECT_EQ(watch.lock()->at(5), 9.0f);
+  Tensor view = t.slice(0, 1, 3);
+  t = Tensor();
+  EXPECT_FALSE(watch.expired());  // the view still holds the owner
+  view = Tensor();
+  EXPECT_TRUE(watch.expired());
+  float x = 1;
+  EXPECT_THROW(Tensor::from_blob(&x, {2}, {-1}, DType::float32, nullptr), ShapeError);
+  EXPECT_THROW(Tensor::from_blob(&x, {2, 2}, {1}, DType::float32, nullptr), ShapeError);
+  EXPECT_THROW(Tensor::from_blob(nullptr, {2}, {1}, DType::float32, nullptr), ValueError);
+  EXPECT_EQ(Tensor::from_blob(nullptr, {0, 3}, {3, 1}, DType::float32, nullptr).numel(), 0);
+}
+
 TEST(Tensor, TransposeSliceSelectViewsShareStorage) {
   std::vector<double> v(12);
   for (int i = 0; i < 12; ++i) v[size_t(i)] = i;

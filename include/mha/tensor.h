@@ -35,6 +35,11 @@ class Tensor {
                             DType dtype = DType::float32);
   static Tensor from_values(const std::vector<float>& values, const Shape& shape);
   static Tensor from_bools(const std::vector<bool>& values, const Shape& shape);
+  // A view of memory that mha does not own (a NumPy or PyTorch buffer, say):
+  // no copy. Strides count elements and must be >= 0; `owner` is held for
+  // as long as any view of the result lives and must keep `data` valid.
+  static Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype,
+                          std::shared_ptr<void> owner, Device device = Device::cpu);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -1,0 +1,24 @@
+"""mha: multi-head attention computed in C++, with PyTorch's signatures.
+
+    import mha
+    out = mha.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    layer = mha.nn.MultiheadAttention(512, 8)      # a torch.nn.Module (needs torch)
+
+NumPy arrays in give NumPy arrays out; torch CPU tensors in give torch tensors
+out that support autograd, their backward computed by mha's C++ backward.
+Errors from C++ arrive as ValueError (bad arguments: ShapeError, DtypeError,
+ArgumentError are its subclasses) or RuntimeError, with the C++ message.
+"""
+from . import _mha
+from ._mha import ArgumentError, DeviceError, DtypeError, FormatError, ShapeError, StateError
+from . import functional
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # the nn modules subclass torch.nn.Module
+    nn = None
+else:
+    from . import nn
+
+__all__ = ["functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
+           "StateError", "FormatError"]

@@ -1,0 +1,273 @@
+"""torch.nn modules whose forward and backward run in mha's C++ library.
+
+MultiheadAttention, TransformerEncoderLayer and TransformerDecoderLayer take
+PyTorch's constructor arguments, hold parameters of the same names and shapes
+(so state_dicts load both ways), are initialised exactly as PyTorch
+initialises them (the same torch.manual_seed gives the same weights), and
+have PyTorch's forward signatures and return values.
+
+Differences, also in docs/design.md: a query whose keys are all masked gets 0
+from attention (PyTorch: NaN); is_causal adds the causal mask itself (PyTorch
+2.x also wants attn_mask as a hint); gradients flow to the inputs and the
+parameters, not to the masks or through the returned weights; dropout draws
+its own pattern (seeded from torch's generator), so it matches PyTorch in
+distribution, not element by element.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn import Dropout, LayerNorm, Linear, Parameter
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+from . import _mha
+from ._convert import draw_seed, mask_to_numpy, to_numpy, to_torch
+
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer"]
+
+_prototypes = {}
+
+
+def _prototype(cls, *args):
+    """The C++ layer for a configuration (kept, since it only holds the configuration)."""
+    key = (cls,) + args
+    if key not in _prototypes:
+        _prototypes[key] = cls(*args)
+    return _prototypes[key]
+
+
+def _is_float64(module):
+    return next(module.parameters()).dtype == torch.float64
+
+
+def _check_mask(mask, fn, name):
+    if mask is not None and mask.requires_grad:
+        raise ValueError(f"[{fn}] {name}: expected a mask that does not require grad (mha does not "
+                         f"differentiate masks in the nn layers); got requires_grad=True")
+
+
+class _Layer(torch.autograd.Function):
+    """Runs a C++ layer: run(inputs, params) -> (outputs, state); state.backward(dy) -> grads."""
+
+    @staticmethod
+    def forward(ctx, run, n_inputs, *tensors):
+        fn = "mha.nn"
+        inputs = [to_numpy(t, fn, "input")[0] for t in tensors[:n_inputs]]
+        params = [to_numpy(p, fn, "parameter")[0] for p in tensors[n_inputs:]]
+        outputs, state = run(inputs, params)
+        ctx.state, ctx.n_inputs = state, n_inputs
+        ctx.save_for_backward(*tensors[n_inputs:])  # lets autograd catch in-place changes to parameters
+        ctx.set_materialize_grads(False)
+        outs = tuple(to_torch(o) for o in outputs)
+        return outs if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, dy, *dextra):
+        for d in dextra:
+            if d is not None and bool(d.ne(0).any()):
+                raise RuntimeError("[mha.nn] attn_output_weights: gradients through the returned attention "
+                                   "weights are not supported; only through the output")
+        params = ctx.saved_tensors
+        if dy is None:
+            return (None, None) + (None,) * (ctx.n_inputs + len(params))
+        *input_grads, param_grads = ctx.state.backward(to_numpy(dy.contiguous(), "mha.nn", "grad")[0])
+        ctx.state = None
+        grads = [to_torch(g) for g in input_grads] + [to_torch(g) for g in param_grads]
+        return (None, None) + tuple(grads)
+
+
+def _apply(module, proto, inputs, forward):
+    """Runs proto.forward on `inputs` with the module's parameters, differentiably."""
+    named = dict(module.named_parameters())
+    params = [named[n] for n in proto.parameter_names()]
+    training = module.training
+    seed = draw_seed(True) if training and _has_dropout(module) else 0
+
+    def run(xs, ps):
+        *outs, state = forward(ps, xs, training, seed)
+        return outs, state
+
+    return _Layer.apply(run, len(inputs), *inputs, *params)
+
+
+def _has_dropout(module):
+    return any(getattr(m, "p", 0) > 0 for m in module.modules() if isinstance(m, Dropout)) or \
+        any(getattr(m, "dropout", 0) > 0 for m in module.modules() if isinstance(m, MultiheadAttention))
+
+
+class MultiheadAttention(torch.nn.Module):
+    """torch.nn.MultiheadAttention, computed by mha."""
+
+    __constants__ = ["batch_first"]
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        factory = {"device": device, "dtype": dtype}
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"[mha.nn.MultiheadAttention] embed_dim and num_heads: expected > 0; got "
+                             f"{embed_dim} and {num_heads}")
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        if self.head_dim * num_heads != embed_dim:
+            raise ValueError(f"[mha.nn.MultiheadAttention] embed_dim: expected a multiple of num_heads = "
+                             f"{num_heads}; got {embed_dim}")
+        # Created and initialised in PyTorch's order, so that one seed gives the same weights.
+        if not self._qkv_same_embed_dim:
+            self.q_proj_weight = Parameter(torch.empty((embed_dim, embed_dim), **factory))
+            self.k_proj_weight = Parameter(torch.empty((embed_dim, self.kdim), **factory))
+            self.v_proj_weight = Parameter(torch.empty((embed_dim, self.vdim), **factory))
+            self.register_parameter("in_proj_weight", None)
+        else:
+            self.in_proj_weight = Parameter(torch.empty((3 * embed_dim, embed_dim), **factory))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = Parameter(torch.empty(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
+        if add_bias_kv:
+            self.bias_k = Parameter(torch.empty((1, 1, embed_dim), **factory))
+            self.bias_v = Parameter(torch.empty((1, 1, embed_dim), **factory))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._reset_parameters()
+
+    def _reset_parameters(self):
+        if self._qkv_same_embed_dim:
+            torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            torch.nn.init.xavier_uniform_(self.q_proj_weight)
+            torch.nn.init.xavier_uniform_(self.k_proj_weight)
+            torch.nn.init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            torch.nn.init.constant_(self.in_proj_bias, 0.0)
+            torch.nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            torch.nn.init.xavier_normal_(self.bias_k)
+        if self.bias_v is not None:
+            torch.nn.init.xavier_normal_(self.bias_v)
+
+    def _proto(self):
+        return _prototype(_mha.MultiheadAttention, self.embed_dim, self.num_heads, float(self.dropout),
+                          self.in_proj_bias is not None, self.bias_k is not None, self.add_zero_attn,
+                          self.kdim, self.vdim, self.batch_first, _is_float64(self))
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        fn = "mha.nn.MultiheadAttention.forward"
+        _check_mask(attn_mask, fn, "attn_mask")
+        _check_mask(key_padding_mask, fn, "key_padding_mask")
+        kpm = mask_to_numpy(key_padding_mask, fn, "key_padding_mask")
+        am = mask_to_numpy(attn_mask, fn, "attn_mask")
+        proto = self._proto()
+
+        def forward(ps, xs, training, seed):
+            out, weights, state = proto.forward(ps, *xs, key_padding_mask=kpm, need_weights=need_weights,
+                                                attn_mask=am, average_attn_weights=average_attn_weights,
+                                                is_causal=is_causal, training=training, seed=seed)
+            return (out, weights, state) if need_weights else (out, state)
+
+        result = _apply(self, proto, [query, key, value], forward)
+        return result if need_weights else (result, None)
+
+
+def _activation_name(activation, fn):
+    if isinstance(activation, str) and activation in ("relu", "gelu"):
+        return activation
+    if activation is F.relu or isinstance(activation, torch.nn.ReLU):
+        return "relu"
+    if activation is F.gelu or (isinstance(activation, torch.nn.GELU) and activation.approximate == "none"):
+        return "gelu"
+    raise ValueError(f"[{fn}] activation: expected 'relu', 'gelu', F.relu or F.gelu; got {activation!r}")
+
+
+class _TransformerLayer(torch.nn.Module):
+    def _init_feedforward_and_norms(self, blocks, d_model, dim_feedforward, dropout, eps, norm_first, factory):
+        """linear1, dropout, linear2, norm1..N, dropout1..N: PyTorch's names and creation order."""
+        self.linear1 = Linear(d_model, dim_feedforward, **factory)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, **factory)
+        self.norm_first = norm_first
+        for i in range(1, blocks + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=eps, **factory))
+        for i in range(1, blocks + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
+
+    def _proto(self, cls):
+        return _prototype(cls, self.linear1.in_features, self.self_attn.num_heads, self.linear1.out_features,
+                          float(self.dropout.p), self._activation, float(self.norm1.eps), self.self_attn.batch_first,
+                          self.norm_first, _is_float64(self))
+
+
+class TransformerEncoderLayer(_TransformerLayer):
+    """torch.nn.TransformerEncoderLayer, computed by mha."""
+
+    __constants__ = ["norm_first"]
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, device=None, dtype=None):
+        factory = {"device": device, "dtype": dtype}
+        super().__init__()
+        self._activation = _activation_name(activation, "mha.nn.TransformerEncoderLayer")
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, **factory)
+        self._init_feedforward_and_norms(2, d_model, dim_feedforward, dropout, layer_norm_eps, norm_first, factory)
+        self.activation_relu_or_gelu = 1 if self._activation == "relu" else 2
+        self.activation = F.relu if self._activation == "relu" else F.gelu
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        fn = "mha.nn.TransformerEncoderLayer.forward"
+        _check_mask(src_mask, fn, "src_mask")
+        _check_mask(src_key_padding_mask, fn, "src_key_padding_mask")
+        sm = mask_to_numpy(src_mask, fn, "src_mask")
+        kpm = mask_to_numpy(src_key_padding_mask, fn, "src_key_padding_mask")
+        proto = self._proto(_mha.TransformerEncoderLayer)
+
+        def forward(ps, xs, training, seed):
+            return proto.forward(ps, xs[0], src_mask=sm, src_key_padding_mask=kpm, is_causal=is_causal,
+                                 training=training, seed=seed)
+
+        return _apply(self, proto, [src], forward)
+
+
+class TransformerDecoderLayer(_TransformerLayer):
+    """torch.nn.TransformerDecoderLayer, computed by mha."""
+
+    __constants__ = ["norm_first"]
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, device=None, dtype=None):
+        factory = {"device": device, "dtype": dtype}
+        super().__init__()
+        self._activation = _activation_name(activation, "mha.nn.TransformerDecoderLayer")
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, **factory)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first,
+                                                 **factory)
+        self._init_feedforward_and_norms(3, d_model, dim_feedforward, dropout, layer_norm_eps, norm_first, factory)
+        self.activation = F.relu if self._activation == "relu" else F.gelu
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
+        fn = "mha.nn.TransformerDecoderLayer.forward"
+        masks = {}
+        for name, m in (("tgt_mask", tgt_mask), ("memory_mask", memory_mask),
+                        ("tgt_key_padding_mask", tgt_key_padding_mask),
+                        ("memory_key_padding_mask", memory_key_padding_mask)):
+            _check_mask(m, fn, name)
+            masks[name] = mask_to_numpy(m, fn, name)
+        proto = self._proto(_mha.TransformerDecoderLayer)
+
+        def forward(ps, xs, training, seed):
+            return proto.forward(ps, xs[0], xs[1], tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal,
+                                 training=training, seed=seed, **masks)
+
+        return _apply(self, proto, [tgt, memory], forward)
