@@ -130,6 +130,6 @@ TEST(Checkpoint, RoundTripAndMismatchRefused) {
   write_bytes(dir + "/config.json", cfg);
   expect_format_error([&] { train::load_checkpoint(dir); }, "linear1.weight");
   write_bytes(dir + "/config.json", "{\"format\": \"mha-checkpoint\"");
-  expect_format_error([&] { train::load_checkpoint(dir); }, "invalid config");
+  expect_format_error([&] { train::load_checkpoint(dir); }, "invalid JSON");
   std::filesystem::remove_all(dir);
 }

@@ -1,4 +1,9 @@
 // Loss, optimizers, clipping and schedules against hand computations.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "mha/train/checkpoint.h"
 #include "mha/train/trainer.h"
 #include "testing.h"
 
@@ -210,4 +215,130 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
   std::printf("  copy: best head puts its strongest weight on the source for %.1f%% of %lld target positions\n",
               100 * best_fraction, (long long)targets);
   EXPECT_GE(best_fraction, 0.95);
+}
+
+namespace {
+
+LanguageModelConfig small_model(double dropout = 0.0, DType dtype = DType::float32) {
+  return {.vocab_size = train::kVocab, .d_model = 16, .nhead = 2, .num_layers = 1, .dim_feedforward = 32,
+          .dropout = dropout, .dtype = dtype};
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "mha_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+void expect_same_parameters(LanguageModel& a, LanguageModel& b) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(max_abs_diff(*pa[i].value, *pb[i].value), 0.0) << pa[i].name;
+}
+
+}  // namespace
+
+TEST(Trainer, GradientAccumulationEqualsOneBatch) {
+  const train::TaskData data({.task = train::Task::reverse, .min_length = 2, .max_length = 6, .heldout = 10}, 3);
+  Generator g(3);
+  std::vector<train::Example> examples;
+  for (int i = 0; i < 10; ++i) examples.push_back(data.sample(g));  // lengths differ: padding differs per micro-batch
+  Generator init(4);
+  LanguageModel model(small_model(0.0, DType::float64), init);
+  const train::StepLoss whole = train::accumulate_gradients(model, examples, 10);
+  std::vector<Tensor> want;
+  for (auto& p : model.named_parameters()) want.push_back(p.grad->clone());
+  for (int64_t micro : {1, 3, 4}) {
+    const train::StepLoss split = train::accumulate_gradients(model, examples, micro);
+    EXPECT_NEAR(split.loss, whole.loss, 1e-12);
+    EXPECT_EQ(split.count, whole.count);
+    auto params = model.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_LT(max_abs_diff(*params[i].grad, want[i]), 1e-12 * (1 + max_abs(want[i]))) << params[i].name << " micro " << micro;
+  }
+  EXPECT_THROW(train::accumulate_gradients(model, examples, 0), ValueError);
+}
+
+TEST(Trainer, ResumeEqualsUninterrupted) {
+  // Dropout on, accumulation on: every generator and the optimizer must be restored.
+  const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 4, .heldout = 20};
+  const train::TaskData data(task, 5);
+  const train::TrainConfig config{.steps = 12, .batch_size = 4, .warmup = 3, .seed = 5, .eval_every = 5,
+                                  .stop_when_perfect = false, .accumulate = 2, .checkpoint_every = 6};
+  const std::string dir = temp_dir("resume");
+  Generator g1(6);
+  LanguageModel straight(small_model(0.1), g1);
+  train::TrainState end_state;
+  train::train(straight, data, config, {}, &end_state, [&](const train::TrainState& s) {
+    if (s.step == 6) train::save_checkpoint(dir, straight, {.model = small_model(0.1), .task = task, .seed = 5, .steps = 6}, &s);
+  });
+  EXPECT_EQ(end_state.step, 12);
+
+  train::LoadedCheckpoint loaded = train::load_training_checkpoint(dir);
+  ASSERT_TRUE(loaded.state);
+  EXPECT_EQ(loaded.state->step, 6);
+  train::train(*loaded.model, data, config, {}, loaded.state.get());
+  EXPECT_EQ(loaded.state->step, 12);
+  expect_same_parameters(straight, *loaded.model);
+  for (size_t i = 0; i < end_state.exp_avg.size(); ++i)
+    EXPECT_EQ(max_abs_diff(end_state.exp_avg_sq[i], loaded.state->exp_avg_sq[i]), 0.0);
+  EXPECT_EQ(end_state.data_offset, loaded.state->data_offset);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Checkpoint, AnInterruptedSaveFallsBackToTheWholeTrainingState) {
+  const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 5};
+  const std::string dir = temp_dir("torn");
+  Generator g(7);
+  LanguageModel model(small_model(), g);
+  train::TrainState state;
+  for (auto& p : model.named_parameters()) {
+    state.exp_avg.push_back(Tensor::zeros(p.value->shape()));
+    state.exp_avg_sq.push_back(Tensor::zeros(p.value->shape()));
+  }
+  train::save_checkpoint(dir, model, {.model = small_model(), .task = task, .steps = 1}, &state);
+  std::filesystem::copy_file(dir + "/config.json", dir + "/old_config.json");
+  Tensor& w = *model.named_parameters()[0].value;
+  w.fill_(0.5);
+  state.step = 2;
+  train::save_checkpoint(dir, model, {.model = small_model(), .task = task, .steps = 2}, &state);
+  // A crash after model.safetensors was renamed but before config.json was: the old config.
+  std::filesystem::copy_file(dir + "/old_config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  train::LoadedCheckpoint loaded = train::load_checkpoint(dir);
+  EXPECT_EQ(loaded.info.steps, 2);
+  EXPECT_EQ(loaded.model->named_parameters()[0].value->item({0, 0}), 0.5);
+  // Without the training state there is nothing whole to recover from: refused.
+  std::filesystem::remove(dir + "/train_state.safetensors");
+  try {
+    train::load_checkpoint(dir);
+    ADD_FAILURE() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted save"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Init, XavierHeAndNormalHaveTheirScales) {
+  Generator g(8);
+  Linear layer({.in_features = 64, .out_features = 256}, g);
+  const auto stddev = [&] {
+    const std::vector<double> v = layer.weight.to_vector();
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / double(v.size()));
+  };
+  initialize(layer, Init::xavier, g);
+  const double a = std::sqrt(6.0 / (64 + 256));
+  EXPECT_LE(max_abs(layer.weight), a);
+  EXPECT_NEAR(stddev(), a / std::sqrt(3.0), 0.03 * a);
+  initialize(layer, Init::he, g);
+  EXPECT_NEAR(stddev(), std::sqrt(2.0 / 64), 0.03 * std::sqrt(2.0 / 64));
+  initialize(layer, Init::normal, g, 0.02);
+  EXPECT_NEAR(stddev(), 0.02, 0.0006);
+  Tensor bias = layer.bias.clone();
+  initialize(layer, Init::xavier, g);
+  EXPECT_EQ(max_abs_diff(bias, layer.bias), 0.0);  // vectors keep their values
+  EXPECT_EQ(parse_init("he"), Init::he);
+  EXPECT_THROW(parse_init("glorot"), ValueError);
 }

@@ -41,7 +41,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--seed", train.train.seed, "Random seed")->capture_default_str();
   train_cmd->add_option("--eval-every", train.train.eval_every, "Held-out evaluation interval")->capture_default_str();
   train_cmd->add_option("--max-seconds", train.train.max_seconds, "Stop after this much training time")->capture_default_str();
+  train_cmd->add_option("--accumulate", train.train.accumulate, "Micro-batches of --batch per step (gradient accumulation)")->capture_default_str();
+  train_cmd->add_option("--init", train.init, "Weight initialisation: default, xavier, he or normal")->capture_default_str();
   train_cmd->add_option("--out", train.out, "Folder for the checkpoint, metrics.csv and summary.json");
+  train_cmd->add_option("--checkpoint-every", train.train.checkpoint_every, "Also save the checkpoint every N steps (needs --out)")->capture_default_str();
+  train_cmd->add_option("--resume", train.resume, "Continue the run saved in this folder (to --steps in all)");
 
   std::string checkpoint;
   CLI::App* eval_cmd = app.add_subcommand("eval", "Held-out exact match of a trained checkpoint");

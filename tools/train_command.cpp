@@ -4,11 +4,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
 #include "mha/errors.h"
+#include "mha/nn/init.h"
 #include "mha/viz/image.h"
 
 namespace mha::tools {
@@ -24,20 +27,42 @@ std::string seconds_text(double s) {
 }  // namespace
 
 int run_train(TrainCommand& cmd) {
-  cmd.task_config.task = train::parse_task(cmd.task);
-  cmd.model.vocab_size = train::kVocab;
+  std::unique_ptr<nn::LanguageModel> model;
+  train::TrainState state;
+  std::string earlier_metrics;
+  if (!cmd.resume.empty()) {
+    train::LoadedCheckpoint loaded = train::load_training_checkpoint(cmd.resume);
+    cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, cmd.train.seed = loaded.info.seed;
+    cmd.task = train::to_string(cmd.task_config.task);
+    model = std::move(loaded.model);
+    state = *loaded.state;
+    std::ifstream metrics_file(cmd.resume + "/metrics.csv");
+    earlier_metrics.assign(std::istreambuf_iterator<char>(metrics_file), std::istreambuf_iterator<char>());
+    std::printf("mha train: resuming %s at step %lld\n", cmd.resume.c_str(), (long long)state.step);
+  } else {
+    cmd.task_config.task = train::parse_task(cmd.task);
+    cmd.model.vocab_size = train::kVocab;
+    Generator gen(cmd.train.seed);
+    model = std::make_unique<nn::LanguageModel>(cmd.model, gen);
+    nn::initialize(*model, nn::parse_init(cmd.init), gen);
+  }
   const train::TaskData data(cmd.task_config, cmd.train.seed);
-  Generator gen(cmd.train.seed);
-  nn::LanguageModel model(cmd.model, gen);
   int64_t parameters = 0;
-  for (const nn::NamedParameter& p : model.named_parameters()) parameters += p.value->numel();
+  for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
   std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %lld layers, %lld parameters\n",
               cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
               (long long)cmd.model.num_layers, (long long)parameters);
+  const auto save = [&](const train::TrainState& s) {
+    train::save_checkpoint(cmd.out, *model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step}, &s);
+  };
   const bool tty = isatty(fileno(stdout));
   std::ostringstream metrics;
-  metrics << "step,loss,token_accuracy,heldout_exact_match,tokens_per_second,elapsed_seconds\n";
-  const train::TrainResult r = train::train(model, data, cmd.train, [&](const train::TrainProgress& p) {
+  if (earlier_metrics.empty()) metrics << "step,loss,token_accuracy,heldout_exact_match,tokens_per_second,elapsed_seconds\n";
+  else metrics << earlier_metrics;
+  const auto on_checkpoint = [&](const train::TrainState& s) {
+    if (!cmd.out.empty()) save(s);
+  };
+  const train::TrainResult r = train::train(*model, data, cmd.train, [&](const train::TrainProgress& p) {
     metrics << p.step << ',' << p.loss << ',' << p.token_accuracy << ','
             << (p.heldout_exact_match >= 0 ? std::to_string(p.heldout_exact_match) : "") << ',' << p.tokens_per_second
             << ',' << p.elapsed_seconds << '\n';
@@ -54,11 +79,11 @@ int run_train(TrainCommand& cmd) {
     } else if (p.heldout_exact_match >= 0) {
       std::printf("%s\n", line);
     }
-  });
+  }, &state, on_checkpoint);
   std::printf("held-out exact match: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
               100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
   if (!cmd.out.empty()) {
-    train::save_checkpoint(cmd.out, model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = r.steps});
+    save(state);
     io::write_file_atomically(cmd.out + "/metrics.csv", metrics.str());
     std::ostringstream summary;
     summary << "{\n  \"task\": \"" << cmd.task << "\",\n  \"steps\": " << r.steps << ",\n  \"heldout_exact_match\": "
@@ -66,7 +91,8 @@ int run_train(TrainCommand& cmd) {
             << r.tokens_per_second << ",\n  \"final_loss\": " << r.final_loss << ",\n  \"parameters\": " << parameters
             << "\n}\n";
     io::write_file_atomically(cmd.out + "/summary.json", summary.str());
-    std::printf("wrote %s/: model.safetensors, config.json, metrics.csv, summary.json\n", cmd.out.c_str());
+    std::printf("wrote %s/: model.safetensors, config.json, train_state.safetensors, metrics.csv, summary.json\n",
+                cmd.out.c_str());
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // `mha train`: trains a decoder-only Transformer on a toy task and reports
 // held-out exact match; with --out, writes a checkpoint (model.safetensors,
-// config.json), metrics.csv and summary.json.
+// config.json, train_state.safetensors), metrics.csv and summary.json. With
+// --resume DIR it continues DIR's run exactly, up to --steps in all.
 #pragma once
 
 #include <string>
@@ -14,7 +15,9 @@ struct TrainCommand {
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;
   train::TrainConfig train;
-  std::string out;  // output folder; empty: none
+  std::string out;     // output folder; empty: none
+  std::string init = "default";  // weight initialisation: default, xavier, he, normal
+  std::string resume;  // continue the run saved in this folder (its model, task and state)
 };
 
 int run_train(TrainCommand& command);

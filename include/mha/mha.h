@@ -7,6 +7,7 @@
 #include "mha/nn/activation.h"
 #include "mha/nn/dropout.h"
 #include "mha/nn/embedding.h"
+#include "mha/nn/init.h"
 #include "mha/nn/language_model.h"
 #include "mha/nn/layer_norm.h"
 #include "mha/nn/linear.h"

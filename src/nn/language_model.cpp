@@ -30,6 +30,12 @@ std::vector<NamedParameter> LanguageModel::named_parameters() {
   return out;
 }
 
+std::vector<NamedGenerator> LanguageModel::named_generators() {
+  std::vector<NamedGenerator> out;
+  for (size_t i = 0; i < layers.size(); ++i) append_generators(out, "layers." + std::to_string(i), *layers[i]);
+  return out;
+}
+
 void LanguageModel::train(bool on) {
   Module::train(on);
   for (auto& l : layers) l->train(on);

@@ -11,4 +11,8 @@ void append_parameters(std::vector<NamedParameter>& out, const std::string& pref
   for (NamedParameter& p : child.named_parameters()) out.push_back({prefix + "." + p.name, p.value, p.grad});
 }
 
+void append_generators(std::vector<NamedGenerator>& out, const std::string& prefix, Module& child) {
+  for (NamedGenerator& g : child.named_generators()) out.push_back({prefix + "." + g.name, g.generator});
+}
+
 }  // namespace mha::nn

@@ -93,6 +93,15 @@ std::vector<NamedParameter> TransformerEncoderLayer::named_parameters() {
   return out;
 }
 
+std::vector<NamedGenerator> TransformerEncoderLayer::named_generators() {
+  std::vector<NamedGenerator> out;
+  append_generators(out, "self_attn", self_attn);
+  append_generators(out, "dropout", dropout);
+  append_generators(out, "dropout1", dropout1);
+  append_generators(out, "dropout2", dropout2);
+  return out;
+}
+
 void TransformerEncoderLayer::train(bool on) {
   Module::train(on);
   set_mode(on, {&self_attn, &linear1, &linear2, &norm1, &norm2, &dropout, &dropout1, &dropout2, &activation_});
@@ -156,6 +165,17 @@ std::vector<NamedParameter> TransformerDecoderLayer::named_parameters() {
   append_parameters(out, "norm1", norm1);
   append_parameters(out, "norm2", norm2);
   append_parameters(out, "norm3", norm3);
+  return out;
+}
+
+std::vector<NamedGenerator> TransformerDecoderLayer::named_generators() {
+  std::vector<NamedGenerator> out;
+  append_generators(out, "self_attn", self_attn);
+  append_generators(out, "multihead_attn", multihead_attn);
+  append_generators(out, "dropout", dropout);
+  append_generators(out, "dropout1", dropout1);
+  append_generators(out, "dropout2", dropout2);
+  append_generators(out, "dropout3", dropout3);
   return out;
 }
 

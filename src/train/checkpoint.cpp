@@ -1,9 +1,10 @@
-// Checkpoints: safetensors weights plus a JSON config.
+// Checkpoints: safetensors weights, a JSON config, and the training state.
 #include "mha/train/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "mha/errors.h"
 #include "mha/io/safetensors.h"
@@ -12,46 +13,37 @@ namespace mha::train {
 
 namespace {
 
+using nlohmann::json;
+
 constexpr const char* kLoad = "mha::train::load_checkpoint";
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
   throw FormatError(std::string("[") + kLoad + "] " + path + ": " + what);
 }
 
-}  // namespace
-
-void save_checkpoint(const std::string& dir, nn::LanguageModel& model, const Checkpoint& info) {
-  std::filesystem::create_directories(dir);
-  io::NamedTensors tensors;
-  for (const nn::NamedParameter& p : model.named_parameters()) tensors.push_back({p.name, *p.value});
-  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "mha"}});
+json config_json(const Checkpoint& info, const std::string& save_id) {
   const nn::LanguageModelConfig& m = info.model;
-  const nlohmann::json config = {
-      {"format", "mha-checkpoint"},
-      {"version", 1},
-      {"model",
-       {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"nhead", m.nhead}, {"num_layers", m.num_layers},
-        {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
-        {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"}, {"norm_first", m.norm_first},
-        {"dtype", to_string(m.dtype)}}},
-      {"task",
-       {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length}, {"max_length", info.task.max_length},
-        {"digits", info.task.digits}, {"heldout", info.task.heldout}}},
-      {"seed", info.seed},
-      {"steps", info.steps}};
-  io::write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
+  return {{"format", "mha-checkpoint"},
+          {"version", 1},
+          {"save_id", save_id},
+          {"model",
+           {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"nhead", m.nhead}, {"num_layers", m.num_layers},
+            {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
+            {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"}, {"norm_first", m.norm_first},
+            {"dtype", to_string(m.dtype)}}},
+          {"task",
+           {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length},
+            {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"heldout", info.task.heldout}}},
+          {"seed", info.seed},
+          {"steps", info.steps}};
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& dir) {
-  const std::string config_path = dir + "/config.json";
-  std::ifstream f(config_path);
-  if (!f) bad(config_path, "cannot open");
-  LoadedCheckpoint out;
+Checkpoint parse_config(const json& c, const std::string& path) {
+  Checkpoint info;
   try {
-    const nlohmann::json c = nlohmann::json::parse(f);
-    if (c.at("format") != "mha-checkpoint" || c.at("version") != 1) bad(config_path, "not an mha checkpoint (version 1)");
+    if (c.at("format") != "mha-checkpoint" || c.at("version") != 1) bad(path, "not an mha checkpoint (version 1)");
     const auto& m = c.at("model");
-    nn::LanguageModelConfig& mc = out.info.model;
+    nn::LanguageModelConfig& mc = info.model;
     mc.vocab_size = m.at("vocab_size").get<int64_t>();
     mc.d_model = m.at("d_model").get<int64_t>();
     mc.nhead = m.at("nhead").get<int64_t>();
@@ -59,38 +51,162 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
     mc.dim_feedforward = m.at("dim_feedforward").get<int64_t>();
     mc.dropout = m.at("dropout").get<double>();
     const std::string act = m.at("activation").get<std::string>();
-    if (act != "relu" && act != "gelu") bad(config_path, "activation must be relu or gelu; got " + act);
+    if (act != "relu" && act != "gelu") bad(path, "activation must be relu or gelu; got " + act);
     mc.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
     mc.norm_first = m.at("norm_first").get<bool>();
     const std::string dtype = m.at("dtype").get<std::string>();
-    if (dtype != "float32" && dtype != "float64") bad(config_path, "dtype must be float32 or float64; got " + dtype);
+    if (dtype != "float32" && dtype != "float64") bad(path, "dtype must be float32 or float64; got " + dtype);
     mc.dtype = dtype == "float64" ? DType::float64 : DType::float32;
     const auto& t = c.at("task");
-    out.info.task.task = parse_task(t.at("task").get<std::string>());
-    out.info.task.min_length = t.at("min_length").get<int64_t>();
-    out.info.task.max_length = t.at("max_length").get<int64_t>();
-    out.info.task.digits = t.at("digits").get<int64_t>();
-    out.info.task.heldout = t.at("heldout").get<int64_t>();
-    out.info.seed = c.at("seed").get<uint64_t>();
-    out.info.steps = c.at("steps").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    bad(config_path, std::string("invalid config: ") + e.what());
+    info.task.task = parse_task(t.at("task").get<std::string>());
+    info.task.min_length = t.at("min_length").get<int64_t>();
+    info.task.max_length = t.at("max_length").get<int64_t>();
+    info.task.digits = t.at("digits").get<int64_t>();
+    info.task.heldout = t.at("heldout").get<int64_t>();
+    info.seed = c.at("seed").get<uint64_t>();
+    info.steps = c.at("steps").get<int64_t>();
+  } catch (const json::exception& e) {
+    bad(path, std::string("invalid config: ") + e.what());
   }
-  Generator gen(0);
-  out.model = std::make_unique<nn::LanguageModel>(out.info.model, gen);
-  const std::string weights_path = dir + "/model.safetensors";
-  io::SafetensorsFile file = io::load_safetensors(weights_path);
+  return info;
+}
+
+json parse_json(const std::string& text, const std::string& path) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    bad(path, std::string("invalid JSON: ") + e.what());
+  }
+}
+
+// Copies the tensors named prefix + parameter name into `params`; every
+// parameter must be there with its shape and dtype.
+size_t fill(const std::vector<nn::NamedParameter>& params, const std::map<std::string, Tensor>& tensors,
+            const std::string& prefix, const std::string& path, std::vector<Tensor>* into = nullptr) {
   size_t used = 0;
-  for (const nn::NamedParameter& p : out.model->named_parameters()) {
-    auto it = file.tensors.find(p.name);
-    if (it == file.tensors.end()) bad(weights_path, "missing tensor '" + p.name + "'");
+  for (const nn::NamedParameter& p : params) {
+    auto it = tensors.find(prefix + p.name);
+    if (it == tensors.end()) bad(path, "missing tensor '" + prefix + p.name + "'");
     if (it->second.shape() != p.value->shape() || it->second.dtype() != p.value->dtype())
-      bad(weights_path, "tensor '" + p.name + "': expected " + to_string(p.value->dtype()) + " " +
-                            shape_string(p.value->shape()) + " for this config; got " + to_string(it->second.dtype()) +
-                            " " + shape_string(it->second.shape()));
-    p.value->copy_(it->second);
+      bad(path, "tensor '" + prefix + p.name + "': expected " + to_string(p.value->dtype()) + " " +
+                    shape_string(p.value->shape()) + " for this config; got " + to_string(it->second.dtype()) + " " +
+                    shape_string(it->second.shape()));
+    if (into) into->push_back(it->second.clone());
+    else p.value->copy_(it->second);
     ++used;
   }
+  return used;
+}
+
+std::unique_ptr<nn::LanguageModel> build(const Checkpoint& info) {
+  Generator gen(0);
+  return std::make_unique<nn::LanguageModel>(info.model, gen);
+}
+
+std::string metadata(const io::SafetensorsFile& f, const std::string& key) {
+  auto it = f.metadata.find(key);
+  return it == f.metadata.end() ? std::string() : it->second;
+}
+
+std::string new_save_id(int64_t steps) {
+  std::random_device rd;
+  const uint64_t nonce = (uint64_t(rd()) << 32) ^ rd();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%lld-%016llx", (long long)steps, (unsigned long long)nonce);
+  return buf;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, nn::LanguageModel& model, const Checkpoint& info,
+                     const TrainState* state) {
+  std::filesystem::create_directories(dir);
+  const std::string save_id = new_save_id(info.steps);
+  const json config = config_json(info, save_id);
+  const std::vector<nn::NamedParameter> params = model.named_parameters();
+  if (state) {
+    if (state->exp_avg.size() != params.size() || state->exp_avg_sq.size() != params.size())
+      throw ValueError("[mha::train::save_checkpoint] state: expected AdamW moments for " +
+                       std::to_string(params.size()) + " parameters; got " + std::to_string(state->exp_avg.size()));
+    io::NamedTensors tensors;
+    for (size_t i = 0; i < params.size(); ++i) {
+      tensors.push_back({"model." + params[i].name, *params[i].value});
+      tensors.push_back({"exp_avg." + params[i].name, state->exp_avg[i]});
+      tensors.push_back({"exp_avg_sq." + params[i].name, state->exp_avg_sq[i]});
+    }
+    json generators = json::object();
+    for (const nn::NamedGenerator& g : model.named_generators())
+      generators[g.name] = {g.generator->seed(), g.generator->offset()};
+    const json train = {{"step", state->step},         {"data_seed", state->data_seed},
+                        {"data_offset", state->data_offset}, {"tokens", state->tokens},
+                        {"train_seconds", state->train_seconds}, {"generators", generators}};
+    io::save_safetensors(dir + "/train_state.safetensors", tensors,
+                         {{"format", "mha-train-state"}, {"save_id", save_id}, {"config", config.dump()},
+                          {"train", train.dump()}});
+  }
+  io::NamedTensors tensors;
+  for (const nn::NamedParameter& p : params) tensors.push_back({p.name, *p.value});
+  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "mha"}, {"save_id", save_id}});
+  io::write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
+}
+
+LoadedCheckpoint load_training_checkpoint(const std::string& dir) {
+  const std::string path = dir + "/train_state.safetensors";
+  const io::SafetensorsFile file = io::load_safetensors(path);
+  if (metadata(file, "format") != "mha-train-state") bad(path, "not an mha training state");
+  LoadedCheckpoint out;
+  out.info = parse_config(parse_json(metadata(file, "config"), path), path);
+  out.model = build(out.info);
+  const std::vector<nn::NamedParameter> params = out.model->named_parameters();
+  TrainState s;
+  size_t used = fill(params, file.tensors, "model.", path);
+  used += fill(params, file.tensors, "exp_avg.", path, &s.exp_avg);
+  used += fill(params, file.tensors, "exp_avg_sq.", path, &s.exp_avg_sq);
+  if (used != file.tensors.size()) bad(path, std::to_string(file.tensors.size() - used) + " unexpected tensors");
+  const json train = parse_json(metadata(file, "train"), path);
+  try {
+    s.step = train.at("step").get<int64_t>();
+    s.data_seed = train.at("data_seed").get<uint64_t>();
+    s.data_offset = train.at("data_offset").get<uint64_t>();
+    s.tokens = train.at("tokens").get<double>();
+    s.train_seconds = train.at("train_seconds").get<double>();
+    const json& generators = train.at("generators");
+    for (const nn::NamedGenerator& g : out.model->named_generators()) {
+      const json& state = generators.at(g.name);
+      g.generator->set_state(state.at(0).get<uint64_t>(), state.at(1).get<uint64_t>());
+    }
+  } catch (const json::exception& e) {
+    bad(path, std::string("invalid training state: ") + e.what());
+  }
+  out.state = std::make_unique<TrainState>(std::move(s));
+  out.model->eval();
+  return out;
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  std::ifstream f(config_path);
+  if (!f) bad(config_path, "cannot open");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const json config = parse_json(text, config_path);
+  const std::string weights_path = dir + "/model.safetensors";
+  io::SafetensorsFile file = io::load_safetensors(weights_path);
+  const std::string config_id = config.value("save_id", ""), weights_id = metadata(file, "save_id");
+  if (config_id != weights_id) {
+    // An interrupted save: config.json is older than model.safetensors. The
+    // training state, written first, is whole and from the newer save.
+    if (std::filesystem::exists(dir + "/train_state.safetensors")) {
+      LoadedCheckpoint out = load_training_checkpoint(dir);
+      out.state.reset();
+      return out;
+    }
+    bad(weights_path, "save id '" + weights_id + "' differs from config.json's '" + config_id +
+                          "' (an interrupted save) and there is no train_state.safetensors to recover from");
+  }
+  LoadedCheckpoint out;
+  out.info = parse_config(config, config_path);
+  out.model = build(out.info);
+  const size_t used = fill(out.model->named_parameters(), file.tensors, "", weights_path);
   if (used != file.tensors.size())
     bad(weights_path, std::to_string(file.tensors.size() - used) + " tensors that this config's model does not have");
   out.model->eval();

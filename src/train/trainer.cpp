@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 
+#include "check.h"
 #include "mha/nn/loss.h"
 #include "mha/optim.h"
 
@@ -77,44 +78,112 @@ double exact_match(nn::LanguageModel& model, const std::vector<Example>& example
   return double(right) / double(examples.size());
 }
 
+namespace {
+
+// dlogits *= factor (a micro-batch's share of the accumulated mean).
+void scale(Tensor& t, double factor) {
+  if (t.dtype() == DType::float64) {
+    double* x = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) x[i] *= factor;
+  } else {
+    float* x = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) x[i] *= float(factor);
+  }
+}
+
+int64_t target_count(const Batch& b) {
+  return int64_t(std::count_if(b.targets.begin(), b.targets.end(), [](int64_t t) { return t >= 0; }));
+}
+
+}  // namespace
+
+// Micro-batch i contributes (its mean loss gradient) · count_i / Σ count, so
+// the sum is the gradient of the mean over every target of the step.
+StepLoss accumulate_gradients(nn::LanguageModel& model, const std::vector<Example>& examples, int64_t micro) {
+  if (micro < 1) raise<ValueError>("mha::train::accumulate_gradients", "micro_batch", ">= 1", std::to_string(micro));
+  std::vector<Batch> batches;
+  int64_t total = 0;
+  for (size_t first = 0; first < examples.size(); first += size_t(micro)) {
+    const auto last = examples.begin() + int64_t(std::min(examples.size(), first + size_t(micro)));
+    batches.push_back(make_batch({examples.begin() + int64_t(first), last}));
+    total += target_count(batches.back());
+  }
+  StepLoss r;
+  model.zero_grad();
+  for (const Batch& b : batches) {
+    const Tensor logits = model.forward(ids_tensor(b.ids, b.rows, b.length));
+    nn::CrossEntropyResult loss = nn::cross_entropy(logits, ids_tensor(b.targets, b.rows, b.length));
+    const double share = total ? double(loss.count) / double(total) : 0.0;
+    scale(loss.dlogits, share);
+    model.backward(loss.dlogits);
+    r.loss += loss.loss * share, r.count += loss.count, r.correct += loss.correct, r.tokens += b.rows * b.length;
+  }
+  return r;
+}
+
 TrainResult train(nn::LanguageModel& model, const TaskData& data, const TrainConfig& c,
-                  const std::function<void(const TrainProgress&)>& on_progress) {
+                  const std::function<void(const TrainProgress&)>& on_progress, TrainState* state,
+                  const std::function<void(const TrainState&)>& on_checkpoint) {
   using clock = std::chrono::steady_clock;
+  const char* fn = "mha::train::train";
+  if (c.accumulate < 1) raise<ValueError>(fn, "config.accumulate", ">= 1", std::to_string(c.accumulate));
+  if (c.batch_size < 1) raise<ValueError>(fn, "config.batch_size", ">= 1", std::to_string(c.batch_size));
   Generator gen(c.seed);
   std::vector<nn::NamedParameter> params = model.named_parameters();
   optim::AdamW opt(params, {.lr = c.lr, .weight_decay = c.weight_decay});
+  TrainState s;
+  if (state && state->step > 0) {
+    s = *state;
+    if (s.exp_avg.size() != params.size() || s.exp_avg_sq.size() != params.size())
+      raise<ValueError>(fn, "state", "AdamW moments for " + std::to_string(params.size()) + " parameters",
+                        std::to_string(s.exp_avg.size()) + " and " + std::to_string(s.exp_avg_sq.size()));
+    for (size_t i = 0; i < params.size(); ++i) {
+      opt.exp_avg()[i].copy_(s.exp_avg[i]);
+      opt.exp_avg_sq()[i].copy_(s.exp_avg_sq[i]);
+    }
+    opt.set_steps(s.step);
+    gen.set_state(s.data_seed, s.data_offset);
+  }
+  const auto snapshot = [&] {
+    s.data_seed = gen.seed(), s.data_offset = gen.offset();
+    s.exp_avg.clear(), s.exp_avg_sq.clear();
+    for (size_t i = 0; i < params.size(); ++i) {
+      s.exp_avg.push_back(opt.exp_avg()[i].clone());
+      s.exp_avg_sq.push_back(opt.exp_avg_sq()[i].clone());
+    }
+    return s;
+  };
   model.train();
   TrainResult result;
-  double tokens = 0, train_seconds = 0;
-  for (int64_t step = 0; step < c.steps; ++step) {
+  result.steps = s.step;
+  for (int64_t step = s.step; step < c.steps; ++step) {
     const auto t0 = clock::now();
     std::vector<Example> examples;
-    for (int64_t i = 0; i < c.batch_size; ++i) examples.push_back(data.sample(gen));
-    const Batch b = make_batch(examples);
+    for (int64_t i = 0; i < c.batch_size * c.accumulate; ++i) examples.push_back(data.sample(gen));
     opt.set_lr(optim::warmup_cosine(step, c.warmup, c.steps, c.lr, c.min_lr));
-    model.zero_grad();
-    const Tensor logits = model.forward(ids_tensor(b.ids, b.rows, b.length));
-    const nn::CrossEntropyResult loss = nn::cross_entropy(logits, ids_tensor(b.targets, b.rows, b.length));
-    model.backward(loss.dlogits);
+    const StepLoss loss = accumulate_gradients(model, examples, c.batch_size);
     optim::clip_grad_norm(params, c.clip);
     opt.step();
-    train_seconds += std::chrono::duration<double>(clock::now() - t0).count();
-    tokens += double(b.rows * b.length);
+    s.step = step + 1;
+    s.train_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    s.tokens += double(loss.tokens);
 
     TrainProgress p;
     p.step = step + 1, p.steps = c.steps, p.loss = loss.loss;
     p.token_accuracy = loss.count ? double(loss.correct) / double(loss.count) : 0.0;
-    p.elapsed_seconds = train_seconds, p.tokens_per_second = tokens / std::max(train_seconds, 1e-9);
-    const bool last = step + 1 == c.steps || (c.max_seconds > 0 && train_seconds >= c.max_seconds);
+    p.elapsed_seconds = s.train_seconds, p.tokens_per_second = s.tokens / std::max(s.train_seconds, 1e-9);
+    const bool last = step + 1 == c.steps || (c.max_seconds > 0 && s.train_seconds >= c.max_seconds);
     if ((c.eval_every > 0 && (step + 1) % c.eval_every == 0) || last)
       p.heldout_exact_match = exact_match(model, data.heldout());
     if (on_progress) on_progress(p);
     result.steps = step + 1, result.final_loss = loss.loss;
     if (p.heldout_exact_match >= 0) result.heldout_exact_match = p.heldout_exact_match;
+    if (on_checkpoint && c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) on_checkpoint(snapshot());
     if (last || (c.stop_when_perfect && p.heldout_exact_match >= 1.0)) break;
   }
-  result.train_seconds = train_seconds;
-  result.tokens_per_second = tokens / std::max(train_seconds, 1e-9);
+  if (state) *state = snapshot();
+  result.train_seconds = s.train_seconds;
+  result.tokens_per_second = s.tokens / std::max(s.train_seconds, 1e-9);
   return result;
 }
 

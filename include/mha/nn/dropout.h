@@ -17,6 +17,7 @@ class Dropout : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Generator& generator() { return gen_; }
+  std::vector<NamedGenerator> named_generators() override { return {{"generator", &gen_}}; }
 
  private:
   double p_;

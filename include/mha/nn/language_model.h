@@ -31,6 +31,7 @@ class LanguageModel : public Module {
   const LanguageModelConfig& config() const { return config_; }
   // embedding.weight, layers.N.*, norm.* (Pre-LN), head.weight, head.bias.
   std::vector<NamedParameter> named_parameters() override;
+  std::vector<NamedGenerator> named_generators() override;  // layers.N.*
   void train(bool on = true) override;
 
   // need_weights: keep each layer's per-head attention weights, (B, H, L, L),

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mha/random.h"
 #include "mha/tensor.h"
 
 namespace mha::nn {
@@ -20,12 +21,21 @@ struct NamedParameter {
   Tensor* grad;
 };
 
+// A random generator inside a layer (dropout), named like parameters: its
+// state is part of a training run's state (exact resume).
+struct NamedGenerator {
+  std::string name;
+  Generator* generator;
+};
+
 class Module {
  public:
   virtual ~Module() = default;
 
   // Parameters in torch's order and names (children prefixed "child.").
   virtual std::vector<NamedParameter> named_parameters() { return {}; }
+  // The layer's random generators (children prefixed "child."), in a fixed order.
+  virtual std::vector<NamedGenerator> named_generators() { return {}; }
   void zero_grad();
 
   // Training mode: dropout active. Containers pass the mode to children.
@@ -39,5 +49,7 @@ class Module {
 
 // Appends child's parameters under "prefix.".
 void append_parameters(std::vector<NamedParameter>& out, const std::string& prefix, Module& child);
+// Appends child's generators under "prefix.".
+void append_generators(std::vector<NamedGenerator>& out, const std::string& prefix, Module& child);
 
 }  // namespace mha::nn

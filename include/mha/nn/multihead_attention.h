@@ -70,6 +70,7 @@ class MultiheadAttention : public Module {
 
   // Draws each training forward's dropout seed; set its state to replay one.
   Generator& dropout_generator() { return dropout_gen_; }
+  std::vector<NamedGenerator> named_generators() override { return {{"dropout_generator", &dropout_gen_}}; }
 
   // Saves what backward needs (the last call's inputs and activations).
   MultiheadAttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,

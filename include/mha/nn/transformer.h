@@ -63,6 +63,7 @@ class TransformerEncoderLayer : public Module {
   const TransformerEncoderLayerConfig& config() const { return config_; }
   // self_attn.*, linear1.*, linear2.*, norm1.*, norm2.* (torch's order).
   std::vector<NamedParameter> named_parameters() override;
+  std::vector<NamedGenerator> named_generators() override;
   void train(bool on = true) override;
 
   Tensor forward(const Tensor& src, const EncoderInputs& inputs = {});
@@ -105,6 +106,7 @@ class TransformerDecoderLayer : public Module {
   const TransformerDecoderLayerConfig& config() const { return config_; }
   // self_attn.*, multihead_attn.*, linear1.*, linear2.*, norm1.*, norm2.*, norm3.* (torch's order).
   std::vector<NamedParameter> named_parameters() override;
+  std::vector<NamedGenerator> named_generators() override;
   void train(bool on = true) override;
 
   // tgt (T, N, D), memory (S, N, D) (batch_first: (N, T, D), (N, S, D)).

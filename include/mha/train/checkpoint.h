@@ -1,8 +1,18 @@
-// Checkpoints of a trained LanguageModel: DIR/model.safetensors (every
-// parameter under torch-style names) and DIR/config.json (model, task and
-// seed), both written atomically. Loading rebuilds the model from the config
-// and refuses, with FormatError, a file whose tensors are missing, extra, or
-// of another shape or dtype.
+// Checkpoints of a trained LanguageModel, in DIR:
+//   model.safetensors        every parameter under torch-style names
+//   config.json              model, task, seed and steps
+//   train_state.safetensors  (training checkpoints) the parameters again, the
+//                            AdamW moments, and in its metadata the config,
+//                            the step, the data generator and the model's
+//                            dropout generators: all that `mha train --resume`
+//                            needs to continue bit-identically
+// Each file is written atomically (temporary file, fsync, rename), in the
+// order train_state, model, config; all three carry the same save id. A crash
+// between two renames leaves model.safetensors and config.json from different
+// saves: loading notices the ids differ and takes the weights and config from
+// train_state.safetensors, which is whole and from the newer save. Anything
+// else that does not match — missing, extra or reshaped tensors, a truncated
+// or corrupt file — is refused with FormatError.
 #pragma once
 
 #include <memory>
@@ -10,6 +20,7 @@
 
 #include "mha/nn/language_model.h"
 #include "mha/train/tasks.h"
+#include "mha/train/trainer.h"
 
 namespace mha::train {
 
@@ -20,13 +31,20 @@ struct Checkpoint {
   int64_t steps = 0;
 };
 
-void save_checkpoint(const std::string& dir, nn::LanguageModel& model, const Checkpoint& info);
+// state: also write train_state.safetensors (with the model's generators).
+void save_checkpoint(const std::string& dir, nn::LanguageModel& model, const Checkpoint& info,
+                     const TrainState* state = nullptr);
 
 struct LoadedCheckpoint {
   Checkpoint info;
-  std::unique_ptr<nn::LanguageModel> model;
+  std::unique_ptr<nn::LanguageModel> model;  // in eval mode
+  std::unique_ptr<TrainState> state;         // load_training_checkpoint only
 };
 
+// Weights and config (for eval, viz, generate).
 LoadedCheckpoint load_checkpoint(const std::string& dir);
+// From train_state.safetensors: weights, config, optimizer state, and the
+// model's dropout generators restored.
+LoadedCheckpoint load_training_checkpoint(const std::string& dir);
 
 }  // namespace mha::train

@@ -21,6 +21,22 @@ struct TrainConfig {
   int64_t eval_every = 250;       // held-out evaluation interval (steps)
   double max_seconds = 0.0;       // stop after this much training time (0: no limit)
   bool stop_when_perfect = true;  // stop once held-out exact match is 100%
+  // Gradient accumulation: each step draws batch_size · accumulate examples and
+  // runs them as `accumulate` micro-batches of batch_size, summing gradients
+  // weighted by target count: the update equals one batch of them all, with
+  // the activation memory of one micro-batch.
+  int64_t accumulate = 1;
+  int64_t checkpoint_every = 0;   // calls on_checkpoint every this many steps (0: never)
+};
+
+// Everything a run needs to continue exactly where it stopped: with the model's
+// parameters and generators (saved with it) the continued run is bit-identical
+// to one that never stopped.
+struct TrainState {
+  int64_t step = 0;                          // optimizer steps done
+  uint64_t data_seed = 0, data_offset = 0;   // the generator that draws batches
+  double tokens = 0, train_seconds = 0;
+  std::vector<Tensor> exp_avg, exp_avg_sq;   // AdamW moments, model.named_parameters() order
 };
 
 struct TrainProgress {
@@ -34,8 +50,21 @@ struct TrainResult {
   double heldout_exact_match = 0, train_seconds = 0, tokens_per_second = 0, final_loss = 0;
 };
 
+// Trains from scratch, or continues from *state when it holds a step > 0; on
+// return *state (if given) is where the run stopped. on_checkpoint gets the
+// state after every checkpoint_every steps (to save it with the model).
 TrainResult train(nn::LanguageModel& model, const TaskData& data, const TrainConfig& config,
-                  const std::function<void(const TrainProgress&)>& on_progress = {});
+                  const std::function<void(const TrainProgress&)>& on_progress = {}, TrainState* state = nullptr,
+                  const std::function<void(const TrainState&)>& on_checkpoint = {});
+
+// One step's gradients: zeroes the model's gradients, then runs `examples` as
+// micro-batches of micro_batch and accumulates the gradient of the mean loss
+// over all their targets (equal, up to rounding, to one batch of them all).
+struct StepLoss {
+  double loss = 0;
+  int64_t count = 0, correct = 0, tokens = 0;  // targets, right argmaxes, tokens run
+};
+StepLoss accumulate_gradients(nn::LanguageModel& model, const std::vector<Example>& examples, int64_t micro_batch);
 
 // Greedy decoding: the output tokens after BOS input SEP, up to EOS or max_new.
 std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::vector<std::vector<int64_t>>& inputs,
