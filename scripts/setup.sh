@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs to build and test, where missing.
-# Sourced by main.sh and test.sh; safe to run again.
+# Sourced by main.sh and test.sh; safe to run again. test.sh sets
+# MHA_SETUP_TESTS=1 to install MHA_TEST_PACKAGES too.
 set -euo pipefail
 
 MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libpng-dev)
+# Only the tests need these: a headless browser opens the attention page (VizBrowser.* in tests/test_viz.cpp).
+MHA_TEST_PACKAGES=(chromium)
 
+# The packages among "$@" that are not installed.
 mha_missing_packages() {
   local missing=() p
-  for p in "${MHA_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   echo "${missing[@]:-}"
 }
 
+# Installs the packages among "$@" that are missing.
 mha_setup() {
   local missing
-  missing=$(mha_missing_packages)
+  missing=$(mha_missing_packages "$@")
   [ -z "$missing" ] && return 0
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -34,4 +39,8 @@ mha_build() {
 }
 
 MHA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-mha_setup
+if [ "${MHA_SETUP_TESTS:-0}" = 1 ]; then
+  mha_setup "${MHA_PACKAGES[@]}" "${MHA_TEST_PACKAGES[@]}"
+else
+  mha_setup "${MHA_PACKAGES[@]}"
+fi
