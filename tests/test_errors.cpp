@@ -1,5 +1,7 @@
 // Every bad input raises a typed error, before any work, whose message names
 // the function, the argument, what was expected and what came.
+#include "mha/viz/html.h"
+#include "mha/viz/image.h"
 #include "testing.h"
 
 using namespace mha;
@@ -134,4 +136,20 @@ TEST(Errors, TensorArguments) {
   Generator g;
   expect_error<DtypeError>([&] { randn({2}, g, 0, 1, DType::boolean); }, {"[mha::randn]", "floating"});
   expect_error<ValueError>([&] { rand_uniform({2}, g, 1, 0); }, {"[mha::rand_uniform]", "low <= high"});
+}
+
+TEST(Errors, AttentionPictures) {
+  const std::vector<Tensor> weights{t({2, 3, 4})};
+  const std::vector<std::string> three{"a", "b", "c"}, four{"a", "b", "c", "d"};
+  const char* fn = "[mha::viz::attention_html]";
+  expect_error<ShapeError>([&] { viz::attention_html({}, three, four); }, {fn, "weights: expected at least one layer"});
+  expect_error<ShapeError>([&] { viz::attention_html(weights, {}, four); }, {fn, "query_tokens: expected at least one token"});
+  expect_error<ShapeError>([&] { viz::attention_html(weights, three, {}); }, {fn, "key_tokens: expected at least one token"});
+  expect_error<ShapeError>([&] { viz::attention_html(weights, four, three); },
+                           {fn, "weights: expected (H, L, S) per layer", "L = 4 query tokens and S = 3 key tokens",
+                            "got float32 tensor of shape (2, 3, 4)"});
+  expect_error<ShapeError>([&] { viz::attention_html({t({2, 3, 4}), t({1, 3, 4})}, three, four); }, {fn, "(1, 3, 4)"});
+  expect_error<ShapeError>([&] { viz::attention_html({t({0, 3, 4})}, three, four); }, {fn, "H ≥ 1"});
+  expect_error<ShapeError>([&] { viz::attention_grid(weights, three); },
+                           {"[mha::viz::attention_grid] weights:", "L = 3 query tokens and S = 3 key tokens"});
 }

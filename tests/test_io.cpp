@@ -13,16 +13,6 @@ using namespace mha::testing;
 
 namespace {
 
-std::string temp_dir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "mha_io_XXXXXX").string();
-  return mkdtemp(tmpl.data());
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << bytes;
@@ -41,7 +31,7 @@ void expect_format_error(F&& f, const char* fragment) {
 }  // namespace
 
 TEST(Safetensors, RoundTripEveryDtype) {
-  const std::string dir = temp_dir(), path = dir + "/t.safetensors";
+  const std::string dir = temp_dir("mha_io_"), path = dir + "/t.safetensors";
   Tensor a = random_tensor({3, 4}, 1, DType::float32), b = random_tensor({2, 2, 2}, 2, DType::float64),
          c = random_tensor({5}, 3, DType::bfloat16), d = Tensor::from_bools({true, false, true}, {3}),
          e = Tensor::from_values(std::vector<double>{-3, 7, 1e12}, {3}, DType::int64), scalar = Tensor::full({}, 2.5);
@@ -64,7 +54,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
 }
 
 TEST(Safetensors, RefusesTruncatedCorruptAndMismatchedFiles) {
-  const std::string dir = temp_dir(), path = dir + "/t.safetensors", bad = dir + "/bad.safetensors";
+  const std::string dir = temp_dir("mha_io_"), path = dir + "/t.safetensors", bad = dir + "/bad.safetensors";
   io::save_safetensors(path, {{"w", random_tensor({16, 16}, 1, DType::float32)}});
   const std::string good = read_bytes(path);
   write_bytes(bad, good.substr(0, good.size() - 10));
@@ -94,7 +84,7 @@ TEST(Safetensors, RefusesTruncatedCorruptAndMismatchedFiles) {
 }
 
 TEST(Safetensors, WritesAreAtomic) {
-  const std::string dir = temp_dir(), path = dir + "/t.safetensors";
+  const std::string dir = temp_dir("mha_io_"), path = dir + "/t.safetensors";
   io::save_safetensors(path, {{"w", Tensor::full({4}, 1.0)}});
   // A failed write (the folder is gone) throws and leaves no file under the name.
   expect_format_error([&] { io::save_safetensors(dir + "/no/such/dir/x.safetensors", {{"w", Tensor::zeros({2})}}); },
@@ -109,7 +99,7 @@ TEST(Safetensors, WritesAreAtomic) {
 }
 
 TEST(Checkpoint, RoundTripAndMismatchRefused) {
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("mha_io_");
   Generator g(3);
   const nn::LanguageModelConfig config{.vocab_size = train::kVocab, .d_model = 8, .nhead = 2, .num_layers = 2,
                                        .dim_feedforward = 16};

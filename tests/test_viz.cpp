@@ -1,6 +1,11 @@
-// Attention pictures: PNG round trip, colours and the grid's geometry.
-#include <filesystem>
+// Attention pictures: PNG round trip, colours and the grid's geometry; the
+// HTML page's data, escaping and self-containment.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <regex>
 
+#include "mha/io/safetensors.h"
+#include "mha/viz/html.h"
 #include "mha/viz/image.h"
 #include "testing.h"
 
@@ -58,3 +63,194 @@ TEST(Viz, GridDrawsEachCellInItsColour) {
   EXPECT_THROW(attention_grid({Tensor::zeros({2, 3, 4})}, tokens), ShapeError);
   EXPECT_THROW(attention_grid({}, tokens), ShapeError);
 }
+
+namespace {
+
+// Two layers of (H = 2, L = 2, S = 3) weights: entry (l, h, i, j) = (l + h + i + j + 1) / 10.
+std::vector<Tensor> small_weights() {
+  std::vector<Tensor> weights;
+  for (int64_t l = 0; l < 2; ++l) {
+    weights.push_back(Tensor::zeros({2, 2, 3}, DType::float32));
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < 3; ++j) weights.back().set_item({h, i, j}, double(l + h + i + j + 1) / 10);
+  }
+  return weights;
+}
+
+// The JSON the page embeds in <script type="application/json" id="attention-data">.
+nlohmann::json embedded_data(const std::string& page) {
+  const std::string open = "<script type=\"application/json\" id=\"attention-data\">";
+  const size_t begin = page.find(open);
+  EXPECT_NE(begin, std::string::npos);
+  const size_t end = page.find("</script>", begin);
+  return nlohmann::json::parse(page.substr(begin + open.size(), end - begin - open.size()));
+}
+
+const std::vector<std::string> kQueries{"<b>&\"'", "</script><script>alert(1)</script>"};
+const std::vector<std::string> kKeys{"a", "<!--", "\xc3\xa9t\xc3\xa9"};
+
+}  // namespace
+
+TEST(VizHtml, EmbedsTokensAndWeights) {
+  const nlohmann::json data = embedded_data(attention_html(small_weights(), kQueries, kKeys, "t"));
+  EXPECT_EQ(data["query_tokens"].get<std::vector<std::string>>(), kQueries);
+  EXPECT_EQ(data["key_tokens"].get<std::vector<std::string>>(), kKeys);
+  EXPECT_EQ(data["title"], "t");
+  ASSERT_EQ(data["weights"].size(), 2u);
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < 3; ++j)
+          EXPECT_DOUBLE_EQ(data["weights"][l][h][i][j].get<double>(), double(l + h + i + j + 1) / 10) << l << h << i << j;
+  uint8_t top[3];
+  colour_of(1.0, top);
+  EXPECT_EQ(data["colours"][4], nlohmann::json({top[0], top[1], top[2]}));  // the PNG's colour scale
+}
+
+TEST(VizHtml, EscapesTokensAndTitle) {
+  const std::string page = attention_html(small_weights(), kQueries, kKeys, "A <i>title</i> & \"quotes\" 'too'");
+  EXPECT_NE(page.find("<title>A &lt;i&gt;title&lt;/i&gt; &amp; &quot;quotes&quot; &#39;too&#39;</title>"), std::string::npos);
+  EXPECT_NE(page.find("<h1>A &lt;i&gt;title&lt;/i&gt; &amp; &quot;quotes&quot; &#39;too&#39;</h1>"), std::string::npos);
+  EXPECT_EQ(page.find("<i>"), std::string::npos);
+  EXPECT_EQ(page.find("<b>&"), std::string::npos);
+  EXPECT_EQ(page.find("alert(1)</script>"), std::string::npos);
+  EXPECT_EQ(page.find("<!--\""), std::string::npos);
+  EXPECT_NE(page.find(R"("\u003cb\u003e\u0026\"'")"), std::string::npos);  // the first token, as JSON
+  // Exactly two scripts (the data and the code): no token closed one early or opened another.
+  const std::regex open_script("<script[ >]"), close_script("</script>");
+  EXPECT_EQ(std::distance(std::sregex_iterator(page.begin(), page.end(), open_script), std::sregex_iterator()), 2);
+  EXPECT_EQ(std::distance(std::sregex_iterator(page.begin(), page.end(), close_script), std::sregex_iterator()), 2);
+  EXPECT_EQ(page.find("{{"), std::string::npos);  // every marker filled
+  // Bytes that are not UTF-8 become U+FFFD instead of breaking the JSON.
+  const nlohmann::json data = embedded_data(attention_html(small_weights(), {"\xff", "b"}, kKeys));
+  EXPECT_EQ(data["query_tokens"][0], "\xef\xbf\xbd");
+}
+
+TEST(VizHtml, LoadsNothingFromElsewhere) {
+  const std::string page = attention_html(small_weights(), kQueries, kKeys);
+  for (const char* outside : {"http:", "https:", "\"//", "'//", "url(", "@import", "<link", "<iframe", "<img", "fetch(",
+                              "XMLHttpRequest", "import("})
+    EXPECT_EQ(page.find(outside), std::string::npos) << outside;
+  EXPECT_FALSE(std::regex_search(page, std::regex(R"(\b(src|href|srcset|action)\s*=)", std::regex::icase)));
+}
+
+TEST(VizHtml, RoundsAndStoresNonFiniteAsNull) {
+  Tensor w = Tensor::full({1, 1, 3}, 0.123456, DType::float64);
+  w.set_item({0, 0, 1}, NAN);
+  w.set_item({0, 0, 2}, INFINITY);
+  const nlohmann::json data = embedded_data(attention_html({w}, {"q"}, {"a", "b", "c"}));
+  EXPECT_EQ(data["weights"][0][0][0], nlohmann::json::parse("[0.1235, null, null]"));
+}
+
+TEST(VizHtml, SavesTheSamePage) {
+  const std::string dir = mha::testing::temp_dir("mha_viz_"), path = dir + "/attention.html";
+  save_attention_html(path, small_weights(), kQueries, kKeys, "t");
+  EXPECT_EQ(mha::testing::read_bytes(path), attention_html(small_weights(), kQueries, kKeys, "t"));
+  std::filesystem::remove_all(dir);
+}
+
+#ifdef MHA_CHROMIUM
+namespace {
+
+std::string unescape_text(std::string text) {  // what the DOM serializer escapes in a text node
+  for (const auto& [from, to] : {std::pair{"&lt;", "<"}, {"&gt;", ">"}, {"&nbsp;", "\xc2\xa0"}, {"&amp;", "&"}})
+    for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, std::string(from).size(), to);
+  return text;
+}
+
+struct Rendered {
+  nlohmann::json status;  // what the page reported in <pre id="status">
+  Image screenshot;
+};
+
+// Opens the page in headless Chromium (no sandbox: the test may run as root; the
+// page is our own file), lets its script run and returns its report and a screenshot.
+Rendered render(const std::string& dir, const std::string& page, const std::string& fragment) {
+  io::write_file_atomically(dir + "/page.html", page);
+  const std::string command = "timeout 30 '" MHA_CHROMIUM "' --headless --disable-gpu --no-sandbox --no-first-run"
+                              " --user-data-dir='" + dir + "/profile' --virtual-time-budget=5000 --window-size=900,700"
+                              " --screenshot='" + dir + "/shot.png' --dump-dom 'file://" + dir + "/page.html#" + fragment +
+                              "' 2>'" + dir + "/chromium.log'";
+  std::string dom;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buffer[4096];
+    for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) dom.append(buffer, n);
+    pclose(pipe);
+  }
+  const std::smatch found = [&] {
+    std::smatch m;
+    std::regex_search(dom, m, std::regex(R"(<pre id="status"[^>]*>([^<]*)</pre>)"));
+    return m;
+  }();
+  Rendered out;
+  if (found.empty()) {
+    ADD_FAILURE() << "no status in the page Chromium dumped; its log:\n" << mha::testing::read_bytes(dir + "/chromium.log");
+    return out;
+  }
+  out.status = nlohmann::json::parse(unescape_text(found[1].str()));
+  out.screenshot = decode_png(mha::testing::read_bytes(dir + "/shot.png"));
+  return out;
+}
+
+bool near(const uint8_t* pixel, double weight) {
+  uint8_t want[3];
+  colour_of(weight, want);
+  for (int k = 0; k < 3; ++k)
+    if (std::abs(int(pixel[k]) - int(want[k])) > 1) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(VizBrowser, DrawsTheChosenHeadAndReportsAHover) {
+  const std::string dir = mha::testing::temp_dir("mha_viz_browser_");
+  const Rendered r = render(dir, attention_html(small_weights(), kQueries, kKeys, "<b>title</b>"), "layer=1&head=1&hover=1,2");
+  const nlohmann::json& s = r.status;
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["errors"], nlohmann::json::array());
+  EXPECT_EQ(s["layer"], 1);
+  EXPECT_EQ(s["head"], 1);
+  EXPECT_EQ(s["cells"], 2 * 3);       // L × S
+  EXPECT_EQ(s["thumbnails"], 2 * 3);  // layers × (heads + the mean)
+  const nlohmann::json& hover = s["hover"];
+  ASSERT_TRUE(hover.is_object()) << s.dump();
+  EXPECT_EQ(hover["query"], 1);
+  EXPECT_EQ(hover["key"], 2);
+  EXPECT_EQ(hover["query_token"], kQueries[1]);  // the tokens come back as they went in
+  EXPECT_EQ(hover["key_token"], kKeys[2]);
+  EXPECT_DOUBLE_EQ(hover["weight"].get<double>(), 0.6);  // (l + h + i + j + 1) / 10
+  EXPECT_NE(hover["text"].get<std::string>().find("0.6000"), std::string::npos) << hover["text"];
+  const std::vector<uint8_t> pixel = hover["pixel"];
+  EXPECT_TRUE(near(pixel.data(), 0.6)) << hover["pixel"];  // the canvas holds the weight's colour
+  // The screenshot is not blank: it holds the colour of every weight of the head shown.
+  const Image& shot = r.screenshot;
+  ASSERT_GT(shot.width * shot.height, 0);
+  for (double w : {0.3, 0.4, 0.5, 0.6, 0.7}) {
+    bool seen = false;
+    for (int64_t y = 0; y < shot.height && !seen; ++y)
+      for (int64_t x = 0; x < shot.width && !seen; ++x) seen = near(shot.at(x, y), w);
+    EXPECT_TRUE(seen) << "no pixel of the colour of " << w;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(VizBrowser, DrawsTheMeanOfTheHeads) {
+  const std::string dir = mha::testing::temp_dir("mha_viz_browser_");
+  const nlohmann::json s = render(dir, attention_html(small_weights(), kQueries, kKeys), "layer=1&head=mean&hover=1,2").status;
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["errors"], nlohmann::json::array());
+  EXPECT_EQ(s["layer"], 1);
+  EXPECT_EQ(s["head"], "mean");
+  EXPECT_EQ(s["cells"], 2 * 3);
+  const nlohmann::json& hover = s["hover"];
+  ASSERT_TRUE(hover.is_object()) << s.dump();
+  EXPECT_NEAR(hover["weight"].get<double>(), 0.55, 1e-12);  // (0.5 + 0.6) / 2
+  EXPECT_NE(hover["text"].get<std::string>().find("0.5500"), std::string::npos) << hover["text"];
+  const std::vector<uint8_t> pixel = hover["pixel"];
+  EXPECT_TRUE(near(pixel.data(), 0.55)) << hover["pixel"];
+  std::filesystem::remove_all(dir);
+}
+#else
+TEST(VizBrowser, Skipped) { GTEST_SKIP() << "Chromium was not found when the build was configured"; }
+#endif

@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -13,6 +18,17 @@
 #include "random/philox.h"
 
 namespace mha::testing {
+
+// A fresh folder under the system's temporary folder: prefix + "XXXXXX".
+inline std::string temp_dir(const std::string& prefix = "mha_test_") {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+  return mkdtemp(tmpl.data());
+}
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
 
 inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::float64, double stddev = 1.0) {
   Generator gen(seed);

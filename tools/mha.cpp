@@ -52,10 +52,13 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--checkpoint", checkpoint, "A folder written by `mha train --out`")->required();
 
   std::string viz_checkpoint, viz_input, viz_out = "attention.png";
-  CLI::App* viz_cmd = app.add_subcommand("viz", "Draw every layer's and head's attention for one input (PNG)");
+  CLI::App* viz_cmd = app.add_subcommand("viz", "Draw every layer's and head's attention for one input (PNG or HTML)");
   viz_cmd->add_option("--checkpoint", viz_checkpoint, "A folder written by `mha train --out`")->required();
   viz_cmd->add_option("--input", viz_input, "Digits (and '+' for add), e.g. \"3 1 4 1 5\"")->required();
-  viz_cmd->add_option("--out", viz_out, "PNG file to write")->capture_default_str();
+  viz_cmd->add_option("--out", viz_out,
+                      "File to write, by its extension: .png, a grid of every layer and head; .html, a page that works "
+                      "offline (choose the layer and head, hover a cell to read its weight)")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {

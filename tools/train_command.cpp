@@ -3,15 +3,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <filesystem>
 #include <sstream>
 
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
 #include "mha/errors.h"
 #include "mha/nn/init.h"
+#include "mha/viz/html.h"
 #include "mha/viz/image.h"
 
 namespace mha::tools {
@@ -108,6 +112,11 @@ int run_eval(const std::string& checkpoint) {
 }
 
 int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out) {
+  std::string extension = std::filesystem::path(out).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  const bool html = extension == ".html" || extension == ".htm";
+  if (!html && extension != ".png")
+    throw mha::ValueError("[mha viz] --out: expected a file name ending in .png or .html; got '" + out + "'");
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
   std::vector<int64_t> tokens;
   for (char c : input) {
@@ -129,10 +138,15 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
   for (const Tensor& w : loaded.model->attention_weights()) weights.push_back(w.select(0, 0));
   std::vector<std::string> labels;
   for (int64_t t : sequence) labels.push_back(train::format_tokens({t}));
-  viz::save_png(out, viz::attention_grid(weights, labels));
+  const std::string in_text = train::format_tokens(tokens), out_text = train::format_tokens(output);
+  if (html)
+    viz::save_attention_html(out, weights, labels, labels,
+                             "Attention of the " + train::to_string(loaded.info.task.task) + " model in " + checkpoint +
+                                 ": " + in_text + " → " + out_text);
+  else
+    viz::save_png(out, viz::attention_grid(weights, labels));
   std::printf("input  %s\noutput %s\nwrote %s: attention of %zu layers × %lld heads (rows: queries, columns: keys)\n",
-              train::format_tokens(tokens).c_str(), train::format_tokens(output).c_str(), out.c_str(), weights.size(),
-              (long long)weights[0].size(0));
+              in_text.c_str(), out_text.c_str(), out.c_str(), weights.size(), (long long)weights[0].size(0));
   return 0;
 }
 

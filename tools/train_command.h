@@ -24,7 +24,9 @@ int run_train(TrainCommand& command);
 // `mha eval --checkpoint DIR`: reloads a checkpoint and prints its held-out exact match.
 int run_eval(const std::string& checkpoint);
 // `mha viz --checkpoint DIR --input "3 1 4" --out PATH`: decodes the input
-// greedily and draws every layer's and head's attention over the whole sequence.
+// greedily and draws every layer's and head's attention over the whole sequence,
+// as a PNG grid or an interactive HTML page, chosen by PATH's extension
+// (.png; .html or .htm).
 int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out);
 
 }  // namespace mha::tools

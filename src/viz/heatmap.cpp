@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "check.h"
 #include "mha/viz/image.h"
+#include "viz/common.h"
 #include "viz/font.h"
 
 namespace mha::viz {
@@ -33,11 +33,10 @@ int64_t longest(const std::vector<std::string>& tokens) {
 }  // namespace
 
 void colour_of(double w, uint8_t rgb[3]) {
-  static const double anchors[5][3] = {{68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
   w = std::clamp(std::isfinite(w) ? w : 0.0, 0.0, 1.0) * 4;
   const int i = std::min(3, int(w));
   const double f = w - i;
-  for (int k = 0; k < 3; ++k) rgb[k] = uint8_t(std::lround(anchors[i][k] * (1 - f) + anchors[i + 1][k] * f));
+  for (int k = 0; k < 3; ++k) rgb[k] = uint8_t(std::lround(kColourAnchors[i][k] * (1 - f) + kColourAnchors[i + 1][k] * f));
 }
 
 GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& tokens) {
@@ -53,13 +52,8 @@ GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vecto
 }
 
 Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& tokens) {
-  const char* fn = "mha::viz::attention_grid";
-  if (weights.empty()) raise<ShapeError>(fn, "weights", "at least one layer", "none");
   const int64_t L = int64_t(tokens.size()), layers = int64_t(weights.size());
-  const int64_t heads = weights[0].dim() == 3 ? weights[0].size(0) : 0;
-  for (const Tensor& w : weights)
-    if (!w.defined() || w.dim() != 3 || w.size(0) != heads || w.size(1) != L || w.size(2) != L)
-      raise<ShapeError>(fn, "weights", "(H, L, L) per layer with L = " + std::to_string(L) + " tokens", describe(w));
+  const int64_t heads = check_attention_weights("mha::viz::attention_grid", weights, L, L);
   const GridLayout g = attention_grid_layout(layers, heads, tokens);
   const int64_t label = longest(tokens);
   const int64_t width = g.panel_x0 + heads * g.panel_stride_x + kBar + 8 * kChar;
