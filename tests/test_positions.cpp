@@ -1,0 +1,90 @@
+// Position kinds: each encoding against its definition, RoPE and the
+// additive bias inside MultiheadAttention (values, finite-difference
+// gradients, the KV-cache path against the full forward).
+#include "mha/train/trainer.h"
+#include "testing.h"
+
+using namespace mha;
+using namespace mha::nn;
+using namespace mha::testing;
+
+namespace {
+
+double dot(const Tensor& a, const Tensor& b) { return weighted_sum(a, b); }
+
+// x (1, E) rotated to `position`.
+Tensor rotated(const Tensor& x, int64_t position) {
+  Tensor y = x.clone();
+  rotate_positions_(y, position);
+  return y;
+}
+
+}  // namespace
+
+TEST(Positional, NamesRoundTrip) {
+  for (Position p : {Position::sinusoidal, Position::learned, Position::relative, Position::rope, Position::alibi})
+    EXPECT_EQ(parse_position(to_string(p)), p);
+  try {
+    parse_position("absolute");
+    ADD_FAILURE() << "no ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "[mha::nn::parse_position] name: expected sinusoidal, learned, relative, rope or alibi; "
+                           "got 'absolute'");
+  }
+}
+
+TEST(Positional, RotaryDependsOnlyOnRelativePosition) {
+  const Tensor q = random_tensor({1, 8}, 1), k = random_tensor({1, 8}, 2);
+  // q_m · k_n = q · R(n − m) k: the same for every pair with m − n = 2.
+  const double at_2_0 = dot(rotated(q, 2), rotated(k, 0));
+  for (int64_t n : {1, 7, 100, 4096}) EXPECT_NEAR(dot(rotated(q, n + 2), rotated(k, n)), at_2_0, 1e-12) << n;
+  EXPECT_GT(std::abs(dot(rotated(q, 3), rotated(k, 0)) - at_2_0), 1e-3);  // and it does depend on m − n
+  // Position 0 is the identity; a rotation keeps the norm; inverse undoes it.
+  EXPECT_EQ(max_abs_diff(rotated(q, 0), q), 0.0);
+  EXPECT_NEAR(dot(rotated(q, 37), rotated(q, 37)), dot(q, q), 1e-12);
+  Tensor back = rotated(q, 37);
+  rotate_positions_(back, 37, 10000.0, true);
+  EXPECT_LE(max_abs_diff(back, q), 1e-14);
+  // Pair i = 1 of E = 8 at position 5 turns by 5 · 10000^(−2/8).
+  const double theta = 5 * std::pow(10000.0, -0.25), a = q.item({0, 2}), b = q.item({0, 3});
+  EXPECT_NEAR(rotated(q, 5).item({0, 2}), a * std::cos(theta) - b * std::sin(theta), 1e-14);
+  EXPECT_NEAR(rotated(q, 5).item({0, 3}), a * std::sin(theta) + b * std::cos(theta), 1e-14);
+  // Rows of a strided view sit at offset + row.
+  Tensor rows = random_tensor({2, 3, 8}, 3);
+  Tensor expected = rows.slice(1, 2, 3).clone();  // (2, 1, 8): one row, at position 9
+  rotate_positions_(expected, 9);
+  rotate_positions_(rows.slice(1, 1, 3), 8);
+  EXPECT_LE(max_abs_diff(rows.slice(1, 2, 3), expected), 1e-14);
+  EXPECT_THROW(rotate_positions_(random_tensor({2, 5}, 1)), ShapeError);
+  EXPECT_THROW(rotate_positions_(random_tensor({2, 4}, 1), -1), ValueError);
+}
+
+TEST(Positional, AlibiSlopesAndBias) {
+  const std::vector<double> eight = alibi_slopes(8);
+  for (size_t h = 0; h < 8; ++h) EXPECT_EQ(eight[h], 1.0 / double(2 << h));  // 1/2 … 1/256
+  // Not a power of two: the slopes of 4, then every other slope of 8.
+  EXPECT_EQ(alibi_slopes(6), (std::vector<double>{1.0 / 4, 1.0 / 16, 1.0 / 64, 1.0 / 256, 1.0 / 2, 1.0 / 8}));
+  const Tensor bias = alibi_bias(2, 3, 7, 4, DType::float64);  // (1, H, L, S); queries at 4, 5, 6
+  EXPECT_EQ(bias.shape(), (Shape{1, 2, 3, 7}));
+  EXPECT_EQ(bias.item({0, 0, 1, 5}), 0.0);
+  EXPECT_EQ(bias.item({0, 0, 1, 2}), -3 * std::exp2(-4.0));
+  EXPECT_EQ(bias.item({0, 1, 2, 0}), -6 * std::exp2(-8.0));
+  EXPECT_THROW(alibi_slopes(0), ValueError);
+}
+
+TEST(Positional, T5Buckets) {
+  // transformers' T5Attention._relative_position_bucket with 32 buckets, max_distance 128.
+  const std::vector<std::pair<int64_t, int64_t>> causal{{0, 0},   {-1, 1},   {-15, 15},  {-16, 16}, {-20, 17},
+                                                        {-32, 21}, {-64, 26}, {-127, 31}, {-500, 31}, {3, 0}};
+  for (auto [distance, bucket] : causal) EXPECT_EQ(relative_position_bucket(distance), bucket) << distance;
+  const std::vector<std::pair<int64_t, int64_t>> both{{0, 0},    {-3, 3},   {3, 19},   {-8, 8},     {-16, 10},
+                                                      {16, 26},  {-64, 14}, {100, 31}, {-128, 15}};
+  for (auto [distance, bucket] : both) EXPECT_EQ(relative_position_bucket(distance, true), bucket) << distance;
+  // The table for queries at 5, 6 against keys 0 … 7: bucket of key − query.
+  const Tensor table = relative_position_buckets(2, 8, 5, false, 8, 20);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 8; ++j)
+      EXPECT_EQ(table.item({i, j}), double(relative_position_bucket(j - 5 - i, false, 8, 20)));
+  EXPECT_THROW(relative_position_bucket(0, false, 1), ValueError);
+  EXPECT_THROW(relative_position_bucket(0, true, 32, 8), ValueError);
+}
