@@ -88,3 +88,69 @@ TEST(Positional, T5Buckets) {
   EXPECT_THROW(relative_position_bucket(0, false, 1), ValueError);
   EXPECT_THROW(relative_position_bucket(0, true, 32, 8), ValueError);
 }
+
+TEST(MultiheadAttention, AttnBiasIsAnAdditiveMaskWithAGradient) {
+  Generator g(1);
+  MultiheadAttention attention({.embed_dim = 6, .num_heads = 3, .batch_first = true, .dtype = DType::float64}, g);
+  const Tensor x = random_tensor({2, 4, 6}, 2), bias = random_tensor({1, 3, 4, 4}, 3);
+  // The same numbers as torch's per-head float attn_mask (N·H, L, S).
+  const Tensor as_mask = bias.expand({2, 3, 4, 4}).contiguous().view({6, 4, 4});
+  const Tensor want = attention.forward(x, x, x, {.attn_mask = as_mask, .is_causal = true}).output;
+  EXPECT_LE(max_abs_diff(attention.forward(x, x, x, {.is_causal = true, .attn_bias = bias}).output, want), 1e-14);
+  // Gradients, alone and combined with a key padding mask (another code path).
+  const Tensor r = random_tensor({2, 4, 6}, 4);
+  const Tensor kpm = Tensor::from_bools({false, false, false, false, false, false, true, false}, {2, 4});
+  for (bool padded : {false, true}) {
+    SCOPED_TRACE(padded ? "with key_padding_mask" : "bias alone");
+    const MultiheadAttentionInputs in{.key_padding_mask = padded ? kpm : Tensor(), .is_causal = true,
+                                      .attn_bias = bias, .attn_bias_grad = true};
+    attention.forward(x, x, x, in);
+    const Tensor dbias = attention.backward(r).dattn_bias;
+    auto loss = [&] { return weighted_sum(attention.forward(x, x, x, in).output, r); };
+    EXPECT_LT(gradient_error(bias, dbias, loss), 1e-7);
+  }
+  EXPECT_THROW(attention.forward(x, x, x, {.attn_bias = random_tensor({3, 4, 4}, 1)}), ShapeError);
+  EXPECT_THROW(attention.forward(x, x, x, {.attn_bias = bias.to(DType::float32)}), DtypeError);
+}
+
+TEST(MultiheadAttention, RotaryGradientsAndParityWhenOff) {
+  Generator g1(5), g2(5);
+  MultiheadAttention plain({.embed_dim = 8, .num_heads = 2, .dtype = DType::float64}, g1);
+  MultiheadAttention rope({.embed_dim = 8, .num_heads = 2, .dtype = DType::float64, .rotary_base = 10000.0}, g2);
+  const Tensor x = random_tensor({5, 2, 8}, 1), r = random_tensor({5, 2, 8}, 2);
+  // At one position (L = S = 1) every rotation is the identity.
+  const Tensor first = x.slice(0, 0, 1);
+  EXPECT_LE(max_abs_diff(rope.forward(first, first, first).output, plain.forward(first, first, first).output), 1e-15);
+  EXPECT_GT(max_abs_diff(rope.forward(x, x, x).output, plain.forward(x, x, x).output), 1e-3);
+  rope.zero_grad();
+  rope.forward(x, x, x, {.is_causal = true});
+  const MultiheadAttentionInputGradients d = rope.backward(r);
+  auto loss = [&] { return weighted_sum(rope.forward(x, x, x, {.is_causal = true}).output, r); };
+  EXPECT_LT(gradient_error(x, add(add(d.dquery, d.dkey), d.dvalue), loss), 1e-7);
+  for (NamedParameter& p : rope.named_parameters()) EXPECT_LT(gradient_error(*p.value, *p.grad, loss), 1e-7) << p.name;
+  EXPECT_THROW(MultiheadAttention({.embed_dim = 6, .num_heads = 2, .rotary_base = 10000.0}, g1), ValueError);
+}
+
+TEST(MultiheadAttention, CachedDecodingEqualsTheFullForward) {
+  for (bool with_rope : {false, true}) {
+    SCOPED_TRACE(with_rope ? "rope" : "no rope");
+    Generator g(7);
+    MultiheadAttention attention({.embed_dim = 8, .num_heads = 2, .batch_first = true, .dtype = DType::float64,
+                                  .rotary_base = with_rope ? std::optional(100.0) : std::nullopt},
+                                 g);
+    const Tensor x = random_tensor({2, 7, 8}, 1), bias = alibi_bias(2, 7, 7, 0, DType::float64);
+    const Tensor full = attention.forward(x, x, x, {.is_causal = true, .attn_bias = bias}).output;
+    // Rows 0-2 in one call, then one row at a time: the cache grows past its first capacity.
+    KVCache cache;
+    for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}}) {
+      const Tensor rows = x.slice(1, begin, end), step_bias = bias.slice(2, begin, end).slice(3, 0, end);
+      const Tensor out = attention.forward_cached(rows, cache, {.is_causal = true, .attn_bias = step_bias});
+      EXPECT_LE(max_abs_diff(out, full.slice(1, begin, end)), 1e-13) << "rows " << begin << "-" << end;
+    }
+    EXPECT_EQ(cache.length, 7);
+  }
+  Generator g(1);
+  MultiheadAttention attention({.embed_dim = 4, .num_heads = 2, .add_bias_kv = true}, g);
+  KVCache cache;
+  EXPECT_THROW(attention.forward_cached(Tensor::zeros({3, 4}), cache), ValueError);
+}
