@@ -154,3 +154,109 @@ TEST(MultiheadAttention, CachedDecodingEqualsTheFullForward) {
   KVCache cache;
   EXPECT_THROW(attention.forward_cached(Tensor::zeros({3, 4}), cache), ValueError);
 }
+
+namespace {
+
+constexpr Position kPositions[] = {Position::sinusoidal, Position::learned, Position::relative, Position::rope,
+                                   Position::alibi};
+
+LanguageModel small_model(Position position, DType dtype, int64_t vocab = 7, int64_t max_len = 8) {
+  Generator g(5);
+  return LanguageModel({.vocab_size = vocab, .d_model = 4, .nhead = 2, .num_layers = 2, .dim_feedforward = 6,
+                        .dtype = dtype, .position = position, .max_len = max_len, .num_buckets = 6, .max_distance = 5},
+                       g);
+}
+
+Tensor ids_of(const std::vector<int64_t>& ids, int64_t rows) {
+  Tensor t = Tensor::empty({rows, int64_t(ids.size()) / rows}, DType::int64);
+  std::copy(ids.begin(), ids.end(), t.data<int64_t>());
+  return t;
+}
+
+// Greedy decoding the slow way: the whole sequence through forward() per token.
+std::vector<int64_t> greedy_without_cache(LanguageModel& model, const std::vector<int64_t>& input, int64_t max_new) {
+  std::vector<int64_t> seq{train::kBos}, out;
+  seq.insert(seq.end(), input.begin(), input.end());
+  seq.push_back(train::kSep);
+  for (int64_t step = 0; step < max_new; ++step) {
+    const Tensor logits = model.forward(ids_of(seq, 1));
+    const std::vector<double> last = logits.select(1, logits.size(1) - 1).to_vector();
+    const int64_t next = int64_t(std::max_element(last.begin(), last.end()) - last.begin());
+    if (next == train::kEos) break;
+    out.push_back(next);
+    seq.push_back(next);
+  }
+  return out;
+}
+
+}  // namespace
+
+// One test per kind, so that each stays short.
+class LanguageModelPositions : public ::testing::TestWithParam<Position> {};
+
+TEST_P(LanguageModelPositions, GradientsOfEveryParameter) {
+  const Tensor ids = ids_of({1, 2, 3, 4, 5, 6, 0, 1, 2, 3}, 2);
+  const Tensor targets = Tensor::from_values(std::vector<double>{2, 3, -100, 5, 6, 0, 1, 2, 3, 4}, {2, 5}, DType::int64);
+  LanguageModel model = small_model(GetParam(), DType::float64);
+  model.zero_grad();
+  model.backward(cross_entropy(model.forward(ids), targets).dlogits);
+  auto loss = [&] { return cross_entropy(model.forward(ids), targets).loss; };
+  double worst = 0;
+  for (NamedParameter& p : model.named_parameters()) {
+    const double e = gradient_error(*p.value, *p.grad, loss);
+    EXPECT_LT(e, 1e-6) << p.name;
+    worst = std::max(worst, e);
+  }
+  std::printf("  %s positions: worst relative gradient error %.1e\n", to_string(GetParam()).c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, LanguageModelPositions, ::testing::ValuesIn(kPositions),
+                         [](const ::testing::TestParamInfo<Position>& info) { return to_string(info.param); });
+
+TEST(LanguageModel, DecodingWithTheCacheEqualsTheFullForward) {
+  const Tensor ids = ids_of({1, 2, 3, 4, 5, 6, 0, 1, 2, 6, 5, 4, 3, 2, 1, 0, 6, 5}, 2);  // (2, 9)
+  for (Position position : kPositions) {
+    SCOPED_TRACE(to_string(position));
+    LanguageModel model = small_model(position, DType::float32, 7, 16);
+    model.eval();
+    const Tensor full = model.forward(ids);
+    model.begin_decode();
+    for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 5}, {5, 6}, {6, 8}, {8, 9}}) {
+      const Tensor step = model.decode_step(ids.slice(1, begin, end).contiguous());
+      EXPECT_LE(max_abs_diff(step, full.slice(1, begin, end)), 1e-5) << "tokens " << begin << "-" << end;
+    }
+    EXPECT_EQ(model.decoded_length(), 9);
+    EXPECT_THROW(model.decode_step(ids_of({1}, 1)), ShapeError);  // another batch size mid-sequence
+  }
+}
+
+TEST(LanguageModel, GenerateWithTheCacheEqualsGreedyDecodingWithout) {
+  const std::vector<std::vector<int64_t>> inputs{{3, 1, 4}, {2, 7}, {5, 5, 5}, {9}};
+  for (Position position : kPositions) {
+    SCOPED_TRACE(to_string(position));
+    LanguageModel model = small_model(position, DType::float64, train::kVocab, 16);
+    const auto outputs = train::generate(model, inputs, 6);
+    model.eval();
+    for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ(outputs[i], greedy_without_cache(model, inputs[i], 6)) << i;
+  }
+}
+
+TEST(LanguageModel, LongerThanTrainedWorksExceptForALearnedTable) {
+  const Tensor ids = ids_of(std::vector<int64_t>(20, 3), 1);  // L = 20 > max_len = 8
+  for (Position position : kPositions) {
+    LanguageModel model = small_model(position, DType::float32);
+    if (position != Position::learned) {
+      EXPECT_TRUE(all_finite(model.forward(ids))) << to_string(position);
+      continue;
+    }
+    try {
+      model.forward(ids);
+      ADD_FAILURE() << "no ValueError";
+    } catch (const ValueError& e) {
+      EXPECT_STREQ(e.what(), "[mha::nn::LanguageModel::forward] ids: expected at most max_len = 8 positions "
+                             "(learned position embedding); got positions up to 20");
+    }
+    model.decode_step(ids.slice(1, 0, 8).contiguous());
+    EXPECT_THROW(model.decode_step(ids.slice(1, 0, 1).contiguous()), ValueError);  // position 8
+  }
+}

@@ -141,25 +141,6 @@ TEST(Tasks, HeldOutNeverInTrainingAndBatchesAreShifted) {
   }
 }
 
-TEST(LanguageModel, GradientsOfEveryParameter) {
-  Generator g(5);
-  LanguageModel model({.vocab_size = 7, .d_model = 4, .nhead = 2, .num_layers = 2, .dim_feedforward = 6,
-                       .dtype = DType::float64},
-                      g);
-  Tensor ids = Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6, 0, 1}, {2, 4}, DType::int64);
-  Tensor targets = Tensor::from_values(std::vector<double>{2, 3, -100, 5, 6, 0, 1, 2}, {2, 4}, DType::int64);
-  model.zero_grad();
-  model.backward(cross_entropy(model.forward(ids), targets).dlogits);
-  auto loss = [&] { return cross_entropy(model.forward(ids), targets).loss; };
-  double worst = 0;
-  for (NamedParameter& p : model.named_parameters()) {
-    const double e = gradient_error(*p.value, *p.grad, loss);
-    EXPECT_LT(e, 1e-6) << p.name;
-    worst = std::max(worst, e);
-  }
-  std::printf("  language model: worst relative gradient error %.1e\n", worst);
-}
-
 TEST(Trainer, LearnsToCopyShortSequences) {
   train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 40}, 1);
   Generator g(1);

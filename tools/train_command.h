@@ -11,6 +11,7 @@ namespace mha::tools {
 
 struct TrainCommand {
   std::string task = "copy";
+  std::string position = "sinusoidal";
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;
   train::TrainConfig train;
@@ -23,5 +24,8 @@ int run_eval(const std::string& checkpoint);
 // `mha viz --checkpoint DIR --input "3 1 4" --out PATH`: decodes the input
 // greedily and draws every layer's and head's attention over the whole sequence.
 int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out);
+// `mha generate --checkpoint DIR --input "3 1 4"`: greedy decoding with a KV
+// cache; prints the generated tokens (max_new ≤ 0: 2 · input length + 2).
+int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new);
 
 }  // namespace mha::tools

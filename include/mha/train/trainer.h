@@ -37,7 +37,8 @@ struct TrainResult {
 TrainResult train(nn::LanguageModel& model, const TaskData& data, const TrainConfig& config,
                   const std::function<void(const TrainProgress&)>& on_progress = {});
 
-// Greedy decoding: the output tokens after BOS input SEP, up to EOS or max_new.
+// Greedy decoding with a KV cache (LanguageModel::decode_step): the output
+// tokens after BOS input SEP, up to EOS or max_new.
 std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::vector<std::vector<int64_t>>& inputs,
                                            int64_t max_new);
 
