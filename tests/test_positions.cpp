@@ -211,7 +211,7 @@ TEST_P(LanguageModelPositions, GradientsOfEveryParameter) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, LanguageModelPositions, ::testing::ValuesIn(kPositions),
-                         [](const ::testing::TestParamInfo<Position>& info) { return to_string(info.param); });
+                         [](const ::testing::TestParamInfo<Position>& kind) { return to_string(kind.param); });
 
 TEST(LanguageModel, DecodingWithTheCacheEqualsTheFullForward) {
   const Tensor ids = ids_of({1, 2, 3, 4, 5, 6, 0, 1, 2, 6, 5, 4, 3, 2, 1, 0, 6, 5}, 2);  // (2, 9)
@@ -259,4 +259,19 @@ TEST(LanguageModel, LongerThanTrainedWorksExceptForALearnedTable) {
     model.decode_step(ids.slice(1, 0, 8).contiguous());
     EXPECT_THROW(model.decode_step(ids.slice(1, 0, 1).contiguous()), ValueError);  // position 8
   }
+}
+
+TEST(LanguageModel, PositionSettingsAreChecked) {
+  Generator g(1);
+  auto make = [&](Position position, int64_t d_model, int64_t num_buckets, int64_t max_len = 8) {
+    LanguageModel({.vocab_size = 5, .d_model = d_model, .nhead = 2, .num_layers = 1, .position = position,
+                   .max_len = max_len, .num_buckets = num_buckets, .max_distance = 5},
+                  g);
+  };
+  EXPECT_THROW(make(Position::rope, 6, 32), ValueError);        // head dim 3: no pairs
+  EXPECT_THROW(make(Position::relative, 4, 1), ValueError);     // one bucket
+  EXPECT_THROW(make(Position::relative, 4, 12), ValueError);    // max_distance 5 <= 12 / 2
+  EXPECT_THROW(make(Position::learned, 4, 32, 0), ValueError);  // empty table
+  make(Position::rope, 8, 32);
+  make(Position::relative, 4, 8);
 }

@@ -14,7 +14,14 @@ void check_config(const LanguageModelConfig& c) {
   if (c.num_layers <= 0) raise<ValueError>(kCtor, "num_layers", "> 0", std::to_string(c.num_layers));
   if (c.position == Position::learned && c.max_len <= 0)
     raise<ValueError>(kCtor, "max_len", "> 0 (learned positions)", std::to_string(c.max_len));
-  if (c.position == Position::relative) relative_position_bucket(0, false, c.num_buckets, c.max_distance);
+  if (c.position == Position::relative && c.num_buckets < 2)
+    raise<ValueError>(kCtor, "num_buckets", ">= 2 (relative positions)", std::to_string(c.num_buckets));
+  if (c.position == Position::relative && c.max_distance <= c.num_buckets / 2)
+    raise<ValueError>(kCtor, "max_distance", "> num_buckets / 2 = " + std::to_string(c.num_buckets / 2) +
+                      " (relative positions)", std::to_string(c.max_distance));
+  if (c.position == Position::rope && c.nhead > 0 && (c.d_model % c.nhead != 0 || (c.d_model / c.nhead) % 2 != 0))
+    raise<ValueError>(kCtor, "d_model", "an even multiple of nhead = " + std::to_string(c.nhead) +
+                      " (rope rotates pairs of each head's dims)", std::to_string(c.d_model));
 }
 
 void check_ids(const Tensor& ids, const char* fn) {
