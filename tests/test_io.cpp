@@ -123,3 +123,34 @@ TEST(Checkpoint, RoundTripAndMismatchRefused) {
   expect_format_error([&] { train::load_checkpoint(dir); }, "invalid JSON");
   std::filesystem::remove_all(dir);
 }
+
+TEST(Checkpoint, PositionKindRoundTripsAndOldConfigsAreSinusoidal) {
+  const std::string dir = temp_dir();
+  const Tensor ids = Tensor::from_values(std::vector<double>{11, 1, 2, 3, 12, 3}, {1, 6}, DType::int64);
+  for (nn::Position position : {nn::Position::learned, nn::Position::relative, nn::Position::rope}) {
+    Generator g(4);
+    const nn::LanguageModelConfig config{.vocab_size = train::kVocab, .d_model = 8, .nhead = 2, .num_layers = 1,
+                                         .dim_feedforward = 16, .position = position, .max_len = 12,
+                                         .num_buckets = 8, .max_distance = 20, .rope_base = 500.0};
+    nn::LanguageModel model(config, g);
+    model.eval();
+    train::save_checkpoint(dir, model, {.model = config});
+    train::LoadedCheckpoint loaded = train::load_checkpoint(dir);
+    const nn::LanguageModelConfig& m = loaded.info.model;
+    EXPECT_EQ(m.position, position);
+    EXPECT_EQ(std::make_tuple(m.max_len, m.num_buckets, m.max_distance, m.rope_base), std::make_tuple(12, 8, 20, 500.0));
+    EXPECT_EQ(loaded.model->forward(ids).to_vector(), model.forward(ids).to_vector()) << nn::to_string(position);
+  }
+  // A config.json written before position kinds existed has none of the keys.
+  std::string cfg = read_bytes(dir + "/config.json");
+  for (const char* key : {"position", "max_len", "num_buckets", "max_distance", "rope_base"}) {
+    const size_t at = cfg.find(std::string("\"") + key + "\"");
+    cfg.erase(at, cfg.find_first_of(",}", at) + 1 - at);
+  }
+  ASSERT_EQ(cfg.find("position"), std::string::npos) << cfg;
+  write_bytes(dir + "/config.json", cfg);
+  EXPECT_EQ(train::load_checkpoint(dir).info.model.position, nn::Position::sinusoidal);
+  write_bytes(dir + "/config.json", cfg.insert(cfg.find("\"dtype\""), "\"position\": \"absolute\", "));
+  expect_format_error([&] { train::load_checkpoint(dir); }, "position must be");
+  std::filesystem::remove_all(dir);
+}

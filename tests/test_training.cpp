@@ -1,6 +1,4 @@
 // Loss, optimizers, clipping and schedules against hand computations.
-#include <unistd.h>
-
 #include <filesystem>
 
 #include "mha/train/checkpoint.h"
@@ -146,25 +144,6 @@ TEST(Tasks, HeldOutNeverInTrainingAndBatchesAreShifted) {
   }
 }
 
-TEST(LanguageModel, GradientsOfEveryParameter) {
-  Generator g(5);
-  LanguageModel model({.vocab_size = 7, .d_model = 4, .nhead = 2, .num_layers = 2, .dim_feedforward = 6,
-                       .dtype = DType::float64},
-                      g);
-  Tensor ids = Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6, 0, 1}, {2, 4}, DType::int64);
-  Tensor targets = Tensor::from_values(std::vector<double>{2, 3, -100, 5, 6, 0, 1, 2}, {2, 4}, DType::int64);
-  model.zero_grad();
-  model.backward(cross_entropy(model.forward(ids), targets).dlogits);
-  auto loss = [&] { return cross_entropy(model.forward(ids), targets).loss; };
-  double worst = 0;
-  for (NamedParameter& p : model.named_parameters()) {
-    const double e = gradient_error(*p.value, *p.grad, loss);
-    EXPECT_LT(e, 1e-6) << p.name;
-    worst = std::max(worst, e);
-  }
-  std::printf("  language model: worst relative gradient error %.1e\n", worst);
-}
-
 TEST(Trainer, LearnsToCopyShortSequences) {
   train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 40}, 1);
   Generator g(1);
@@ -224,12 +203,6 @@ LanguageModelConfig small_model(double dropout = 0.0, DType dtype = DType::float
           .dropout = dropout, .dtype = dtype};
 }
 
-std::string temp_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "mha_" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 void expect_same_parameters(LanguageModel& a, LanguageModel& b) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
@@ -265,7 +238,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
   const train::TaskData data(task, 5);
   const train::TrainConfig config{.steps = 12, .batch_size = 4, .warmup = 3, .seed = 5, .eval_every = 5,
                                   .stop_when_perfect = false, .accumulate = 2, .checkpoint_every = 6};
-  const std::string dir = temp_dir("resume");
+  const std::string dir = temp_dir("mha_resume_");
   Generator g1(6);
   LanguageModel straight(small_model(0.1), g1);
   train::TrainState end_state;
@@ -288,7 +261,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
 
 TEST(Checkpoint, AnInterruptedSaveFallsBackToTheWholeTrainingState) {
   const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 5};
-  const std::string dir = temp_dir("torn");
+  const std::string dir = temp_dir("mha_torn_");
   Generator g(7);
   LanguageModel model(small_model(), g);
   train::TrainState state;

@@ -33,6 +33,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--ff", train.model.dim_feedforward, "Feed-forward dimension")->capture_default_str();
   train_cmd->add_option("--dropout", train.model.dropout, "Dropout")->capture_default_str();
   train_cmd->add_flag("--post-ln,!--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
+  train_cmd->add_option("--position", train.position, "Position information: sinusoidal, learned, relative, rope or alibi")
+      ->check(CLI::IsMember({"sinusoidal", "learned", "relative", "rope", "alibi"}))
+      ->capture_default_str();
+  train_cmd->add_option("--max-len", train.model.max_len, "Longest sequence of a learned position table")
+      ->capture_default_str();
   train_cmd->add_option("--steps", train.train.steps, "Training steps")->capture_default_str();
   train_cmd->add_option("--batch", train.train.batch_size, "Sequences per step")->capture_default_str();
   train_cmd->add_option("--lr", train.train.lr, "Peak learning rate (AdamW)")->capture_default_str();
@@ -60,12 +65,21 @@ int main(int argc, char** argv) {
                       "offline (choose the layer and head, hover a cell to read its weight)")
       ->capture_default_str();
 
+  std::string gen_checkpoint, gen_input;
+  int64_t gen_max_new = 0;
+  CLI::App* gen_cmd = app.add_subcommand("generate", "Greedy decoding with a KV cache; prints the generated tokens");
+  gen_cmd->add_option("--checkpoint", gen_checkpoint, "A folder written by `mha train --out`")->required();
+  gen_cmd->add_option("--input", gen_input, "Digits (and '+' for add), e.g. \"3 1 4 1 5\"")->required();
+  gen_cmd->add_option("--max-new", gen_max_new, "Most tokens to generate (0: twice the input's, plus 2)")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) mha::tools::run_demo(demo, std::cout);
     if (train_cmd->parsed()) return mha::tools::run_train(train);
     if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint);
     if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out);
+    if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

@@ -22,6 +22,19 @@ namespace mha::tools {
 
 namespace {
 
+// "3 1 4 + 1 5" → token ids; `command` names the caller in errors.
+std::vector<int64_t> parse_input(const std::string& input, const char* command) {
+  std::vector<int64_t> tokens;
+  for (char c : input) {
+    if (c >= '0' && c <= '9') tokens.push_back(c - '0');
+    else if (c == '+') tokens.push_back(train::kPlus);
+    else if (c != ' ' && c != ',')
+      throw ValueError(std::string("[") + command + "] --input: expected digits, spaces and '+'; got '" + c + "'");
+  }
+  if (tokens.empty()) throw ValueError(std::string("[") + command + "] --input: expected at least one digit; got none");
+  return tokens;
+}
+
 std::string seconds_text(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%d:%02d", int(s) / 60, int(s) % 60);
@@ -45,6 +58,7 @@ int run_train(TrainCommand& cmd) {
     std::printf("mha train: resuming %s at step %lld\n", cmd.resume.c_str(), (long long)state.step);
   } else {
     cmd.task_config.task = train::parse_task(cmd.task);
+    cmd.model.position = nn::parse_position(cmd.position);
     cmd.model.vocab_size = train::kVocab;
     Generator gen(cmd.train.seed);
     model = std::make_unique<nn::LanguageModel>(cmd.model, gen);
@@ -53,9 +67,10 @@ int run_train(TrainCommand& cmd) {
   const train::TaskData data(cmd.task_config, cmd.train.seed);
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
-  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %lld layers, %lld parameters\n",
+  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %lld layers, %s positions, "
+              "%lld parameters\n",
               cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
-              (long long)cmd.model.num_layers, (long long)parameters);
+              (long long)cmd.model.num_layers, nn::to_string(cmd.model.position).c_str(), (long long)parameters);
   const auto save = [&](const train::TrainState& s) {
     train::save_checkpoint(cmd.out, *model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step}, &s);
   };
@@ -118,14 +133,7 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
   if (!html && extension != ".png")
     throw mha::ValueError("[mha viz] --out: expected a file name ending in .png or .html; got '" + out + "'");
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
-  std::vector<int64_t> tokens;
-  for (char c : input) {
-    if (c >= '0' && c <= '9') tokens.push_back(c - '0');
-    else if (c == '+') tokens.push_back(train::kPlus);
-    else if (c != ' ' && c != ',')
-      throw mha::ValueError(std::string("[mha viz] --input: expected digits, spaces and '+'; got '") + c + "'");
-  }
-  if (tokens.empty()) throw mha::ValueError("[mha viz] --input: expected at least one digit; got none");
+  const std::vector<int64_t> tokens = parse_input(input, "mha viz");
   const std::vector<int64_t> output = train::generate(*loaded.model, {tokens}, 2 * int64_t(tokens.size()) + 2)[0];
   std::vector<int64_t> sequence{train::kBos};
   sequence.insert(sequence.end(), tokens.begin(), tokens.end());
@@ -147,6 +155,15 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
     viz::save_png(out, viz::attention_grid(weights, labels));
   std::printf("input  %s\noutput %s\nwrote %s: attention of %zu layers × %lld heads (rows: queries, columns: keys)\n",
               in_text.c_str(), out_text.c_str(), out.c_str(), weights.size(), (long long)weights[0].size(0));
+  return 0;
+}
+
+int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new) {
+  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+  const std::vector<int64_t> tokens = parse_input(input, "mha generate");
+  if (max_new <= 0) max_new = 2 * int64_t(tokens.size()) + 2;
+  const std::vector<int64_t> output = train::generate(*loaded.model, {tokens}, max_new)[0];
+  std::printf("%s\n", train::format_tokens(output).c_str());
   return 0;
 }
 

@@ -12,6 +12,7 @@ namespace mha::tools {
 
 struct TrainCommand {
   std::string task = "copy";
+  std::string position = "sinusoidal";
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;
   train::TrainConfig train;
@@ -28,5 +29,8 @@ int run_eval(const std::string& checkpoint);
 // as a PNG grid or an interactive HTML page, chosen by PATH's extension
 // (.png; .html or .htm).
 int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out);
+// `mha generate --checkpoint DIR --input "3 1 4"`: greedy decoding with a KV
+// cache; prints the generated tokens (max_new ≤ 0: 2 · input length + 2).
+int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new);
 
 }  // namespace mha::tools

@@ -122,8 +122,10 @@ void bind_mha(py::module_& m) {
   py::class_<MultiheadAttention, std::shared_ptr<MultiheadAttention>>(m, "MultiheadAttention")
       .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
                        bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, bool float64) {
-             nn::MultiheadAttentionConfig c{embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn,
-                                            kdim, vdim, batch_first, dtype_of(float64)};
+             const nn::MultiheadAttentionConfig c{.embed_dim = embed_dim, .num_heads = num_heads, .dropout = dropout,
+                                                  .bias = bias, .add_bias_kv = add_bias_kv,
+                                                  .add_zero_attn = add_zero_attn, .kdim = kdim, .vdim = vdim,
+                                                  .batch_first = batch_first, .dtype = dtype_of(float64)};
              Generator gen(0);
              return std::make_shared<MultiheadAttention>(c, gen);
            }),
@@ -140,8 +142,11 @@ void bind_mha(py::module_& m) {
             const char* fn = "mha.MultiheadAttention.forward";
             MhaState s{bound_copy(proto, params, training, seed, fn)};
             Tensor q = to_tensor(query, fn, "query"), k = to_tensor(key, fn, "key"), v = to_tensor(value, fn, "value");
-            nn::MultiheadAttentionInputs in{to_tensor(key_padding_mask, fn, "key_padding_mask"), need_weights,
-                                            to_tensor(attn_mask, fn, "attn_mask"), average_attn_weights, is_causal};
+            const nn::MultiheadAttentionInputs in{.key_padding_mask = to_tensor(key_padding_mask, fn, "key_padding_mask"),
+                                                  .need_weights = need_weights,
+                                                  .attn_mask = to_tensor(attn_mask, fn, "attn_mask"),
+                                                  .average_attn_weights = average_attn_weights,
+                                                  .is_causal = is_causal};
             nn::MultiheadAttentionOutput out;
             {
               py::gil_scoped_release nogil;
@@ -159,8 +164,9 @@ nn::TransformerEncoderLayerConfig layer_config(int64_t d_model, int64_t nhead, i
                                                double dropout, const std::string& activation,
                                                double layer_norm_eps, bool batch_first, bool norm_first,
                                                bool float64, const char* fn) {
-  return {d_model,        nhead,       dim_feedforward, dropout, activation_of(activation, fn),
-          layer_norm_eps, batch_first, norm_first,      dtype_of(float64)};
+  return {.d_model = d_model, .nhead = nhead, .dim_feedforward = dim_feedforward, .dropout = dropout,
+          .activation = activation_of(activation, fn), .layer_norm_eps = layer_norm_eps,
+          .batch_first = batch_first, .norm_first = norm_first, .dtype = dtype_of(float64)};
 }
 
 template <class Layer, class Cls>
@@ -201,8 +207,9 @@ void bind_encoder(py::module_& m) {
         const char* fn = "mha.TransformerEncoderLayer.forward";
         EncoderState s{bound_copy(proto, params, training, seed, fn)};
         Tensor x = to_tensor(src, fn, "src");
-        nn::EncoderInputs in{to_tensor(src_mask, fn, "src_mask"),
-                             to_tensor(src_key_padding_mask, fn, "src_key_padding_mask"), is_causal, false};
+        const nn::EncoderInputs in{.src_mask = to_tensor(src_mask, fn, "src_mask"),
+                                   .src_key_padding_mask = to_tensor(src_key_padding_mask, fn, "src_key_padding_mask"),
+                                   .is_causal = is_causal};
         Tensor y;
         {
           py::gil_scoped_release nogil;
@@ -238,10 +245,13 @@ void bind_decoder(py::module_& m) {
         const char* fn = "mha.TransformerDecoderLayer.forward";
         DecoderState s{bound_copy(proto, params, training, seed, fn)};
         Tensor t = to_tensor(tgt, fn, "tgt"), mem = to_tensor(memory, fn, "memory");
-        nn::DecoderInputs in{to_tensor(tgt_mask, fn, "tgt_mask"), to_tensor(memory_mask, fn, "memory_mask"),
-                             to_tensor(tgt_key_padding_mask, fn, "tgt_key_padding_mask"),
-                             to_tensor(memory_key_padding_mask, fn, "memory_key_padding_mask"), tgt_is_causal,
-                             memory_is_causal};
+        const nn::DecoderInputs in{
+            .tgt_mask = to_tensor(tgt_mask, fn, "tgt_mask"),
+            .memory_mask = to_tensor(memory_mask, fn, "memory_mask"),
+            .tgt_key_padding_mask = to_tensor(tgt_key_padding_mask, fn, "tgt_key_padding_mask"),
+            .memory_key_padding_mask = to_tensor(memory_key_padding_mask, fn, "memory_key_padding_mask"),
+            .tgt_is_causal = tgt_is_causal,
+            .memory_is_causal = memory_is_causal};
         Tensor y;
         {
           py::gil_scoped_release nogil;

@@ -2,10 +2,12 @@
 // the attention core (mha::attention_forward/backward) per head.
 #include "mha/nn/multihead_attention.h"
 
+#include <array>
 #include <cmath>
 
 #include "check.h"
 #include "cpu/gemm.h"
+#include "mha/nn/positional.h"
 
 namespace mha::nn {
 
@@ -14,6 +16,7 @@ namespace {
 constexpr const char* kCtor = "mha::nn::MultiheadAttention";
 constexpr const char* kForward = "mha::nn::MultiheadAttention::forward";
 constexpr const char* kBackward = "mha::nn::MultiheadAttention::backward";
+constexpr const char* kForwardCached = "mha::nn::MultiheadAttention::forward_cached";
 
 // Row (n, l) of a sequence tensor, (L, N, X), (N, L, X) when batch_first, or
 // unbatched (L, X), sits at data + n·batch_stride + l·seq_stride.
@@ -63,6 +66,17 @@ void project_backward(const T* dy, int64_t Ly, const T* x, const SeqLayout& xs, 
   }
 }
 
+// output = heads Woᵀ + bo, heads (N, L, D) contiguous, output rows in layout os.
+template <class T>
+void project_out(const T* heads, const SeqLayout& os, const T* w, const T* bias, int64_t D, T* output) {
+  for (int64_t n = 0; n < os.N; ++n) {
+    T* yn = output + n * os.batch_stride;
+    for (int64_t l = 0; l < os.L; ++l)
+      for (int64_t e = 0; e < D; ++e) yn[l * os.seq_stride + e] = bias ? bias[e] : T(0);
+    cpu::gemm<T>(false, true, os.L, D, D, T(1), heads + n * os.L * D, D, w, D, T(1), yn, os.seq_stride);
+  }
+}
+
 // (N, R, H·hd) contiguous  <->  (N, H, R, hd) view of the same memory.
 Tensor split_heads(const Tensor& t, int64_t H) {
   return t.view({t.size(0), t.size(1), H, t.size(2) / H}).permute({0, 2, 1, 3});
@@ -80,6 +94,11 @@ void check_config(const MultiheadAttentionConfig& c) {
   if (c.vdim < 0) raise<ValueError>(kCtor, "vdim", ">= 0 (0 = embed_dim)", std::to_string(c.vdim));
   if (c.dtype != DType::float32 && c.dtype != DType::float64)
     raise<DtypeError>(kCtor, "dtype", "float32 or float64", to_string(c.dtype));
+  if (c.rotary_base && !(*c.rotary_base > 0 && std::isfinite(*c.rotary_base)))
+    raise<ValueError>(kCtor, "rotary_base", "finite and > 0", std::to_string(*c.rotary_base));
+  if (c.rotary_base && (c.embed_dim / c.num_heads) % 2 != 0)
+    raise<ValueError>(kCtor, "rotary_base", "an even head dim (RoPE rotates pairs)",
+                      "head dim " + std::to_string(c.embed_dim / c.num_heads));
 }
 
 Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, Generator& gen, DType dtype) {
@@ -98,6 +117,7 @@ struct MultiheadAttention::Saved {
   AttentionOptions options;
   AttentionOutput attention;  // out (N, H, L, hd) and lse
   Shape output_shape;
+  Shape bias_shape;           // attn_bias's, when backward returns its gradient
 };
 
 MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, Generator& gen)
@@ -162,10 +182,10 @@ namespace {
 
 // The user's attn_mask and key_padding_mask as one mask for the attention
 // core, shaped (N or 1, H or 1, L or 1, S_total): bool (true = may attend)
-// when both are bool or absent, else additive in `dtype`. Columns added for
-// bias_k / zero attention are always visible.
+// when both are bool or absent and not force_additive, else additive in
+// `dtype`. Columns added for bias_k / zero attention are always visible.
 Tensor combine_masks(const MultiheadAttentionInputs& in, int64_t N, int64_t H, int64_t L, int64_t S,
-                     int64_t S_total, bool batched, DType dtype) {
+                     int64_t S_total, bool batched, DType dtype, bool force_additive) {
   const Tensor& am = in.attn_mask;
   const Tensor& kpm = in.key_padding_mask;
   if (!am.defined() && !kpm.defined()) return {};
@@ -184,7 +204,7 @@ Tensor combine_masks(const MultiheadAttentionInputs& in, int64_t N, int64_t H, i
   }
   const bool per_head = am.defined() && am.dim() == 3;
   const int64_t Nm = (per_head || kpm.defined()) ? N : 1, Hm = per_head ? H : 1, Lm = am.defined() ? L : 1;
-  const bool all_bool = (!am.defined() || am.dtype() == DType::boolean) &&
+  const bool all_bool = !force_additive && (!am.defined() || am.dtype() == DType::boolean) &&
                         (!kpm.defined() || kpm.dtype() == DType::boolean);
   const std::vector<double> a = am.defined() ? am.contiguous().to_vector() : std::vector<double>{};
   const std::vector<double> k = kpm.defined() ? kpm.contiguous().to_vector() : std::vector<double>{};
@@ -209,20 +229,6 @@ Tensor combine_masks(const MultiheadAttentionInputs& in, int64_t N, int64_t H, i
   return Tensor::from_values(values, mask.shape(), mask.dtype());
 }
 
-void check_input(const Tensor& t, const char* name, int64_t rank, int64_t last, const char* last_name,
-                 DType dtype) {
-  check_defined(t, kForward, name);
-  if (t.dtype() != dtype) raise<DtypeError>(kForward, name, to_string(dtype) + " (the module's dtype)", to_string(t.dtype()));
-  if (t.device() != Device::cpu) raise<DeviceError>(kForward, name, "a cpu tensor", to_string(t.device()));
-  if (t.dim() != rank)
-    raise<ShapeError>(kForward, name, std::to_string(rank) + " dims, like query", shape_string(t.shape()));
-  if (t.size(-1) != last)
-    raise<ShapeError>(kForward, name, std::string("last dim ") + last_name + " = " + std::to_string(last),
-                      shape_string(t.shape()));
-  for (int64_t n : t.shape())
-    if (n == 0) raise<ShapeError>(kForward, name, "non-empty dims", shape_string(t.shape()));
-}
-
 template <class T>
 const T* ptr_or_null(const Tensor& t, int64_t offset = 0) {
   return t.defined() ? t.data<T>() + offset : nullptr;
@@ -232,24 +238,101 @@ T* mut_ptr_or_null(Tensor& t, int64_t offset = 0) {
   return t.defined() ? t.data<T>() + offset : nullptr;
 }
 
+// attn_bias (1 or N, H, L, S) in the module's dtype (float by construction).
+void check_attn_bias(const char* fn, const Tensor& bias, int64_t N, int64_t H, int64_t L, int64_t S, DType dtype) {
+  if (bias.dtype() != dtype) raise<DtypeError>(fn, "attn_bias", to_string(dtype) + " (the module's dtype)", to_string(bias.dtype()));
+  if (bias.device() != Device::cpu) raise<DeviceError>(fn, "attn_bias", "a cpu tensor", to_string(bias.device()));
+  if (bias.dim() != 4 || (bias.size(0) != 1 && bias.size(0) != N) || bias.size(1) != H || bias.size(2) != L ||
+      bias.size(3) != S)
+    raise<ShapeError>(fn, "attn_bias", "(1 or N, H, L, S) = (1 or " + std::to_string(N) + ", " + std::to_string(H) +
+                      ", " + std::to_string(L) + ", " + std::to_string(S) + ")", shape_string(bias.shape()));
+}
+
+// The additive mask (Nm, Hm, Lm, S_total) or none, plus bias (Nb, H, L, S) on
+// its first S columns: (max(Nm, Nb), H, L, S_total).
+Tensor add_bias(const Tensor& mask, const Tensor& bias, int64_t S_total) {
+  const int64_t N = std::max(mask.defined() ? mask.size(0) : 1, bias.size(0)), H = bias.size(1), L = bias.size(2),
+                S = bias.size(3);
+  const Shape shape{N, H, L, S_total};
+  std::vector<double> sum = mask.defined() ? mask.expand(shape).contiguous().to_vector()
+                                           : std::vector<double>(size_t(shape_numel(shape)), 0.0);
+  const std::vector<double> b = bias.expand({N, H, L, S}).contiguous().to_vector();
+  for (int64_t row = 0; row < N * H * L; ++row)
+    for (int64_t s = 0; s < S; ++s) sum[size_t(row * S_total + s)] += b[size_t(row * S + s)];
+  return Tensor::from_values(sum, shape, bias.dtype());
+}
+
+// The bias's gradient from that of the mask add_bias made: its first S
+// columns, summed over the batch dim when the bias broadcast over it.
+Tensor bias_gradient(const Tensor& dmask, const Shape& bias_shape) {
+  const Tensor d = dmask.slice(3, 0, bias_shape[3]).contiguous();
+  if (d.size(0) == bias_shape[0]) return d;
+  const int64_t per_entry = shape_numel(bias_shape);
+  const std::vector<double> all = d.to_vector();
+  std::vector<double> sum(size_t(per_entry), 0.0);
+  for (size_t x = 0; x < all.size(); ++x) sum[x % size_t(per_entry)] += all[x];
+  return Tensor::from_values(sum, bias_shape, d.dtype());
+}
+
+void check_input(const char* fn, const Tensor& t, const char* name, int64_t rank, int64_t last, const char* last_name,
+                 DType dtype) {
+  check_defined(t, fn, name);
+  if (t.dtype() != dtype) raise<DtypeError>(fn, name, to_string(dtype) + " (the module's dtype)", to_string(t.dtype()));
+  if (t.device() != Device::cpu) raise<DeviceError>(fn, name, "a cpu tensor", to_string(t.device()));
+  if (t.dim() != rank)
+    raise<ShapeError>(fn, name, std::to_string(rank) + " dims, like query", shape_string(t.shape()));
+  if (t.size(-1) != last)
+    raise<ShapeError>(fn, name, std::string("last dim ") + last_name + " = " + std::to_string(last),
+                      shape_string(t.shape()));
+  for (int64_t n : t.shape())
+    if (n == 0) raise<ShapeError>(fn, name, "non-empty dims", shape_string(t.shape()));
+}
+
+// A query-like sequence: (L, N, D), (N, L, D) or unbatched (L, D), of the
+// module's dtype, non-empty. Returns its rank.
+int64_t check_sequence(const char* fn, const Tensor& t, const char* name, int64_t D, DType dtype) {
+  check_defined(t, fn, name);
+  if (t.dim() != 2 && t.dim() != 3)
+    raise<ShapeError>(fn, name, "(L, N, D), (N, L, D) with batch_first, or unbatched (L, D)", shape_string(t.shape()));
+  check_input(fn, t, name, t.dim(), D, "embed_dim", dtype);
+  return t.dim();
+}
+
+void check_parameters(const char* fn, const std::vector<NamedParameter>& parameters, DType dtype) {
+  for (const NamedParameter& p : parameters)
+    if (p.value->dtype() != dtype || !p.value->is_contiguous() || p.grad->shape() != p.value->shape())
+      raise<StateError>(fn, p.name, "a contiguous " + to_string(dtype) + " parameter shaped like its grad " +
+                        shape_string(p.grad->shape()), describe(*p.value));
+}
+
+// Wq, Wk, Wv (each (D, in_dim)) and the in-projection bias (3D) or null.
+template <class T>
+std::array<const T*, 4> in_projection(const MultiheadAttention& m) {
+  const int64_t D = m.config().embed_dim;
+  if (m.packed_in_proj()) {
+    const T* w = m.in_proj_weight.data<T>();
+    return {w, w + D * D, w + 2 * D * D, ptr_or_null<T>(m.in_proj_bias)};
+  }
+  return {m.q_proj_weight.data<T>(), m.k_proj_weight.data<T>(), m.v_proj_weight.data<T>(), ptr_or_null<T>(m.in_proj_bias)};
+}
+
+// RoPE through the (N, H, R, hd) view of rows [begin, end) of t (N, R, D),
+// the first of them at position `position`.
+void rotate_rows(const Tensor& t, int64_t H, int64_t begin, int64_t end, int64_t position, double base,
+                 bool inverse = false) {
+  rotate_positions_(split_heads(t, H).slice(2, begin, end), position, base, inverse);
+}
+
 }  // namespace
 
 MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                                      const MultiheadAttentionInputs& in) {
   const MultiheadAttentionConfig& c = config_;
   const int64_t D = c.embed_dim, H = c.num_heads;
-  check_defined(query, kForward, "query");
-  if (query.dim() != 2 && query.dim() != 3)
-    raise<ShapeError>(kForward, "query", "(L, N, D), (N, L, D) with batch_first, or unbatched (L, D)",
-                      shape_string(query.shape()));
-  const int64_t rank = query.dim();
-  check_input(query, "query", rank, D, "embed_dim", c.dtype);
-  check_input(key, "key", rank, c.kdim, "kdim", c.dtype);
-  check_input(value, "value", rank, c.vdim, "vdim", c.dtype);
-  for (const NamedParameter& p : named_parameters())
-    if (p.value->dtype() != c.dtype || !p.value->is_contiguous() || p.grad->shape() != p.value->shape())
-      raise<StateError>(kForward, p.name, "a contiguous " + to_string(c.dtype) + " parameter shaped like its grad " +
-                        shape_string(p.grad->shape()), describe(*p.value));
+  const int64_t rank = check_sequence(kForward, query, "query", D, c.dtype);
+  check_input(kForward, key, "key", rank, c.kdim, "kdim", c.dtype);
+  check_input(kForward, value, "value", rank, c.vdim, "vdim", c.dtype);
+  check_parameters(kForward, named_parameters(), c.dtype);
 
   auto saved = std::make_shared<Saved>();
   Saved& s = *saved;
@@ -263,7 +346,14 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   if (s.vs.L != S) raise<ShapeError>(kForward, "value", "sequence length " + std::to_string(S) + " (key's)", shape_string(value.shape()));
   s.S_total = S + (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
 
-  s.options.mask = combine_masks(in, N, H, L, S, s.S_total, rank == 3, c.dtype);
+  const Tensor& bias = in.attn_bias;
+  s.options.mask = combine_masks(in, N, H, L, S, s.S_total, rank == 3, c.dtype, bias.defined());
+  if (bias.defined()) {
+    check_attn_bias(kForward, bias, N, H, L, S, c.dtype);
+    // Alone and without extra key columns, the bias is the mask itself (no copy).
+    s.options.mask = s.options.mask.defined() || s.S_total != S ? add_bias(s.options.mask, bias, s.S_total) : bias;
+    if (in.attn_bias_grad) s.bias_shape = bias.shape();
+  }
   s.options.causal = in.is_causal ? Causal::top_left : Causal::none;
   s.options.return_weights = in.need_weights;
   if (training_ && c.dropout > 0) {
@@ -280,10 +370,7 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
 
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    const T* wq = packed_ ? in_proj_weight.data<T>() : q_proj_weight.data<T>();
-    const T* wk = packed_ ? in_proj_weight.data<T>() + D * D : k_proj_weight.data<T>();
-    const T* wv = packed_ ? in_proj_weight.data<T>() + 2 * D * D : v_proj_weight.data<T>();
-    const T* b = ptr_or_null<T>(in_proj_bias);
+    const auto [wq, wk, wv, b] = in_projection<T>(*this);
     project<T>(s.query.data<T>(), s.qs, wq, b, D, s.q.data<T>());
     // k and v hold S_total rows per batch entry: project each entry's S rows,
     // then bias_k / bias_v, then the zero row (already zero).
@@ -300,17 +387,14 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
           s.v.data<T>()[(n * s.S_total + S) * D + e] = bias_v.data<T>()[e];
         }
     }
+    if (c.rotary_base) {
+      rotate_rows(s.q, H, 0, L, 0, *c.rotary_base);
+      rotate_rows(s.k, H, 0, S, 0, *c.rotary_base);
+    }
     s.attention = attention_forward(split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), s.options);
     split_heads(s.heads, H).copy_(s.attention.out);
-    const SeqLayout os = layout_of(s.output_shape, c.batch_first);
-    const T* bo = ptr_or_null<T>(out_proj_bias);
-    for (int64_t n = 0; n < N; ++n) {
-      T* yn = output.data<T>() + n * os.batch_stride;
-      for (int64_t l = 0; l < L; ++l)
-        for (int64_t e = 0; e < D; ++e) yn[l * os.seq_stride + e] = bo ? bo[e] : T(0);
-      cpu::gemm<T>(false, true, L, D, D, T(1), s.heads.data<T>() + n * L * D, D, out_proj_weight.data<T>(), D, T(1),
-                   yn, os.seq_stride);
-    }
+    project_out<T>(s.heads.data<T>(), layout_of(s.output_shape, c.batch_first), out_proj_weight.data<T>(),
+                   ptr_or_null<T>(out_proj_bias), D, output.data<T>());
   };
   if (c.dtype == DType::float64) run(double{});
   else run(float{});
@@ -365,13 +449,19 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
         for (int64_t l = 0; l < L; ++l)
           for (int64_t e = 0; e < D; ++e) dbo[e] += dyn[l * os.seq_stride + e];
     }
+    const bool bias_grad = !s.bias_shape.empty();
     const AttentionGradients ag = attention_backward(split_heads(dheads, H), split_heads(s.q, H), split_heads(s.k, H),
-                                                     split_heads(s.v, H), s.attention, s.options);
+                                                     split_heads(s.v, H), s.attention, s.options, bias_grad);
+    if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
     Tensor dq = Tensor::empty({N, L, D}, c.dtype), dk = Tensor::empty({N, s.S_total, D}, c.dtype),
            dv = Tensor::empty({N, s.S_total, D}, c.dtype);
     split_heads(dq, H).copy_(ag.dquery);
     split_heads(dk, H).copy_(ag.dkey);
     split_heads(dv, H).copy_(ag.dvalue);
+    if (c.rotary_base) {  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq
+      rotate_rows(dq, H, 0, L, 0, *c.rotary_base, true);
+      rotate_rows(dk, H, 0, S, 0, *c.rotary_base, true);
+    }
     if (c.add_bias_kv)
       for (int64_t n = 0; n < N; ++n)
         for (int64_t e = 0; e < D; ++e) {
@@ -401,6 +491,78 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
   if (c.dtype == DType::float64) run(double{});
   else run(float{});
   return g;
+}
+
+namespace {
+
+// Room in `cache` for `rows` rows of batch N, keeping the filled ones: the
+// capacity at least doubles, so appending costs O(D) per row amortised.
+void reserve(KVCache& cache, int64_t N, int64_t rows, int64_t D, DType dtype) {
+  const int64_t capacity = cache.key.defined() ? cache.key.size(1) : 0;
+  if (rows <= capacity) return;
+  const int64_t grown = std::max(rows, 2 * capacity);
+  for (Tensor* t : {&cache.key, &cache.value}) {
+    Tensor bigger = Tensor::empty({N, grown, D}, dtype);
+    if (cache.length > 0) bigger.slice(1, 0, cache.length).copy_(t->slice(1, 0, cache.length));
+    *t = bigger;
+  }
+}
+
+}  // namespace
+
+Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& in) {
+  const MultiheadAttentionConfig& c = config_;
+  const int64_t D = c.embed_dim, H = c.num_heads;
+  check_sequence(kForwardCached, x, "x", D, c.dtype);
+  if (!packed_ || c.add_bias_kv || c.add_zero_attn)
+    raise<ValueError>(kForwardCached, "config", "kdim = vdim = embed_dim, no add_bias_kv and no add_zero_attn",
+                      "a cross-attention or extra-key configuration");
+  if (in.attn_mask.defined() || in.key_padding_mask.defined())
+    raise<ValueError>(kForwardCached, "inputs", "no attn_mask or key_padding_mask (pass attn_bias)", "a mask");
+  check_parameters(kForwardCached, named_parameters(), c.dtype);
+  const SeqLayout xs = layout_of(x.shape(), c.batch_first);
+  const int64_t N = xs.N, L = xs.L, past = cache.length, S = past + L;
+  if (past < 0) raise<ValueError>(kForwardCached, "cache.length", ">= 0", std::to_string(past));
+  const bool fits = cache.key.defined() && cache.key.size(0) == N && cache.key.size(2) == D &&
+                    cache.key.dtype() == c.dtype && cache.value.shape() == cache.key.shape();
+  if (past > 0 && !fits)
+    raise<ShapeError>(kForwardCached, "cache", "keys and values (N, capacity, D) with N = " + std::to_string(N) +
+                      " (x's batch), D = " + std::to_string(D) + ", " + to_string(c.dtype), describe(cache.key));
+  if (in.attn_bias.defined()) check_attn_bias(kForwardCached, in.attn_bias, N, H, L, S, c.dtype);
+  if (!fits) cache = {};
+  reserve(cache, N, S, D, c.dtype);
+  const int64_t capacity = cache.key.size(1);
+
+  const Tensor xc = x.contiguous();
+  Tensor q = Tensor::empty({N, L, D}, c.dtype), heads = Tensor::empty({N, L, D}, c.dtype);
+  Tensor output = Tensor::empty(x.shape(), c.dtype);
+  AttentionOptions options{.mask = in.attn_bias, .causal = in.is_causal ? Causal::bottom_right : Causal::none};
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const auto [wq, wk, wv, b] = in_projection<T>(*this);
+    project<T>(xc.data<T>(), xs, wq, b, D, q.data<T>());
+    // The new keys and values go straight into the cache's rows past … S − 1.
+    SeqLayout one = xs;
+    one.N = 1;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* xn = xc.data<T>() + n * xs.batch_stride;
+      project<T>(xn, one, wk, b ? b + D : nullptr, D, cache.key.data<T>() + (n * capacity + past) * D);
+      project<T>(xn, one, wv, b ? b + 2 * D : nullptr, D, cache.value.data<T>() + (n * capacity + past) * D);
+    }
+    if (c.rotary_base) {
+      rotate_rows(q, H, 0, L, past, *c.rotary_base);
+      rotate_rows(cache.key, H, past, S, past, *c.rotary_base);
+    }
+    const AttentionOutput a = attention_forward(split_heads(q, H), split_heads(cache.key, H).slice(2, 0, S),
+                                                split_heads(cache.value, H).slice(2, 0, S), options);
+    split_heads(heads, H).copy_(a.out);
+    project_out<T>(heads.data<T>(), layout_of(x.shape(), c.batch_first), out_proj_weight.data<T>(),
+                    ptr_or_null<T>(out_proj_bias), D, output.data<T>());
+  };
+  if (c.dtype == DType::float64) run(double{});
+  else run(float{});
+  cache.length = S;
+  return output;
 }
 
 }  // namespace mha::nn

@@ -1,4 +1,5 @@
-// Sinusoidal position encoding (formula in positional.h), computed in double.
+// Position kinds by name, the sinusoidal table (formula in positional.h,
+// computed in double) and the position ids of a learned table.
 #include "mha/nn/positional.h"
 
 #include <cmath>
@@ -6,6 +7,18 @@
 #include "nn/layer_util.h"
 
 namespace mha::nn {
+
+namespace {
+constexpr const char* kPositionNames[] = {"sinusoidal", "learned", "relative", "rope", "alibi"};
+}  // namespace
+
+Position parse_position(const std::string& name) {
+  for (size_t i = 0; i < std::size(kPositionNames); ++i)
+    if (name == kPositionNames[i]) return Position(i);
+  raise<ValueError>("mha::nn::parse_position", "name", "sinusoidal, learned, relative, rope or alibi", "'" + name + "'");
+}
+
+std::string to_string(Position position) { return kPositionNames[size_t(position)]; }
 
 Tensor sinusoidal_encoding(int64_t L, int64_t D, DType dtype, int64_t offset) {
   const char* fn = "mha::nn::sinusoidal_encoding";
@@ -44,6 +57,18 @@ Tensor add_sinusoidal_encoding(const Tensor& x_in, bool batch_first, int64_t off
       }
   });
   return out;
+}
+
+Tensor position_ids(int64_t N, int64_t L, int64_t offset) {
+  const char* fn = "mha::nn::position_ids";
+  if (N <= 0) raise<ValueError>(fn, "N", "> 0", std::to_string(N));
+  if (L <= 0) raise<ValueError>(fn, "L", "> 0", std::to_string(L));
+  if (offset < 0) raise<ValueError>(fn, "offset", ">= 0", std::to_string(offset));
+  Tensor ids = Tensor::empty({N, L}, DType::int64);
+  int64_t* id = ids.data<int64_t>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t l = 0; l < L; ++l) id[n * L + l] = offset + l;
+  return ids;
 }
 
 }  // namespace mha::nn

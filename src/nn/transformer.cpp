@@ -27,32 +27,35 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 
-MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c) {
+// Rotary positions apply to self-attention only.
+MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c, bool self_attention) {
   return {.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = c.dropout, .batch_first = c.batch_first,
-          .dtype = c.dtype};
+          .dtype = c.dtype, .rotary_base = self_attention ? c.rotary_base : std::nullopt};
 }
 
 // dropout(attention(q, kv, kv)): one attention block of a layer; per-head
 // weights into *weights when it is not null.
 Tensor attention_block(MultiheadAttention& attention, Dropout& drop, const Tensor& q, const Tensor& kv,
                        const Tensor& attn_mask, const Tensor& key_padding_mask, bool is_causal,
-                       Tensor* weights = nullptr) {
+                       Tensor* weights = nullptr, const Tensor& attn_bias = {}, bool attn_bias_grad = false) {
   MultiheadAttentionOutput out = attention.forward(
       q, kv, kv,
       {.key_padding_mask = key_padding_mask, .need_weights = weights != nullptr, .attn_mask = attn_mask,
-       .average_attn_weights = false, .is_causal = is_causal});
+       .average_attn_weights = false, .is_causal = is_causal, .attn_bias = attn_bias,
+       .attn_bias_grad = attn_bias_grad});
   if (weights) *weights = out.weights;
   return drop.forward(out.output);
 }
 
-// Gradients of an attention block's query input and of its key/value input.
+// Gradients of an attention block's query input, of its key/value input and
+// of its attn_bias (when asked for).
 struct BlockGradients {
-  Tensor dquery, dkv;
+  Tensor dquery, dkv, dbias;
 };
 
 BlockGradients attention_block_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy) {
   const MultiheadAttentionInputGradients g = attention.backward(drop.backward(dy));
-  return {g.dquery, add(g.dkey, g.dvalue)};
+  return {g.dquery, add(g.dkey, g.dvalue), g.dattn_bias};
 }
 
 // out_drop(linear2(inner_drop(activation(linear1(x))))): the feed-forward block.
@@ -69,10 +72,23 @@ void set_mode(bool on, std::initializer_list<Module*> modules) {
   for (Module* m : modules) m->train(on);
 }
 
+// The encoder layer's two residual blocks around self-attention `sa` and the
+// feed-forward network `ff`, Pre-LN or Post-LN.
+template <class SelfAttention, class FeedForward>
+Tensor encoder_blocks(bool norm_first, LayerNorm& norm1, LayerNorm& norm2, const Tensor& src, SelfAttention&& sa,
+                      FeedForward&& ff) {
+  if (norm_first) {
+    const Tensor h = add(src, sa(norm1.forward(src)));
+    return add(h, ff(norm2.forward(h)));
+  }
+  const Tensor h = norm1.forward(add(src, sa(src)));
+  return norm2.forward(add(h, ff(h)));
+}
+
 }  // namespace
 
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerConfig& c, Generator& gen)
-    : self_attn(attention_config(c), gen),
+    : self_attn(attention_config(c, true), gen),
       linear1({.in_features = c.d_model, .out_features = c.dim_feedforward, .dtype = c.dtype}, gen),
       linear2({.in_features = c.dim_feedforward, .out_features = c.d_model, .dtype = c.dtype}, gen),
       norm1({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
@@ -112,15 +128,18 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const EncoderInputs& 
   weights_ = Tensor();
   auto sa = [&](const Tensor& x) {
     return attention_block(self_attn, dropout1, x, x, in.src_mask, in.src_key_padding_mask, in.is_causal,
-                           in.need_weights ? &weights_ : nullptr);
+                           in.need_weights ? &weights_ : nullptr, in.attn_bias, in.attn_bias_grad);
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
-  if (config_.norm_first) {
-    const Tensor h = add(src, sa(norm1.forward(src)));
-    return add(h, ff(norm2.forward(h)));
-  }
-  const Tensor h = norm1.forward(add(src, sa(src)));
-  return norm2.forward(add(h, ff(h)));
+  return encoder_blocks(config_.norm_first, norm1, norm2, src, sa, ff);
+}
+
+Tensor TransformerEncoderLayer::forward_cached(const Tensor& src, KVCache& cache, const EncoderInputs& in) {
+  auto sa = [&](const Tensor& x) {
+    return dropout1.forward(self_attn.forward_cached(x, cache, {.is_causal = in.is_causal, .attn_bias = in.attn_bias}));
+  };
+  auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
+  return encoder_blocks(config_.norm_first, norm1, norm2, src, sa, ff);
 }
 
 Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
@@ -129,6 +148,7 @@ Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
   // x fed the block as query, key and value: its gradient is the sum.
   auto sa = [&](const Tensor& g) {
     const BlockGradients b = attention_block_backward(self_attn, dropout1, g);
+    attn_bias_grad_ = b.dbias;
     return add(b.dquery, b.dkv);
   };
   auto ff = [&](const Tensor& g) { return feed_forward_backward(linear1, activation_, dropout, linear2, dropout2, g); };
@@ -142,8 +162,8 @@ Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
 }
 
 TransformerDecoderLayer::TransformerDecoderLayer(const TransformerDecoderLayerConfig& c, Generator& gen)
-    : self_attn(attention_config(c), gen),
-      multihead_attn(attention_config(c), gen),
+    : self_attn(attention_config(c, true), gen),
+      multihead_attn(attention_config(c, false), gen),
       linear1({.in_features = c.d_model, .out_features = c.dim_feedforward, .dtype = c.dtype}, gen),
       linear2({.in_features = c.dim_feedforward, .out_features = c.d_model, .dtype = c.dtype}, gen),
       norm1({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),

@@ -30,7 +30,8 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
            {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"nhead", m.nhead}, {"num_layers", m.num_layers},
             {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
             {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"}, {"norm_first", m.norm_first},
-            {"dtype", to_string(m.dtype)}}},
+            {"dtype", to_string(m.dtype)}, {"position", nn::to_string(m.position)}, {"max_len", m.max_len},
+            {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance}, {"rope_base", m.rope_base}}},
           {"task",
            {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length},
             {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"heldout", info.task.heldout}}},
@@ -57,6 +58,17 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     const std::string dtype = m.at("dtype").get<std::string>();
     if (dtype != "float32" && dtype != "float64") bad(path, "dtype must be float32 or float64; got " + dtype);
     mc.dtype = dtype == "float64" ? DType::float64 : DType::float32;
+    // Checkpoints from before position kinds existed are sinusoidal.
+    const std::string position = m.value("position", "sinusoidal");
+    try {
+      mc.position = nn::parse_position(position);
+    } catch (const ValueError&) {
+      bad(path, "position must be sinusoidal, learned, relative, rope or alibi; got " + position);
+    }
+    mc.max_len = m.value("max_len", mc.max_len);
+    mc.num_buckets = m.value("num_buckets", mc.num_buckets);
+    mc.max_distance = m.value("max_distance", mc.max_distance);
+    mc.rope_base = m.value("rope_base", mc.rope_base);
     const auto& t = c.at("task");
     info.task.task = parse_task(t.at("task").get<std::string>());
     info.task.min_length = t.at("min_length").get<int64_t>();

@@ -31,33 +31,34 @@ std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::
   for (size_t i = 0; i < inputs.size(); ++i) by_length[inputs[i].size()].push_back(i);
   for (const auto& [length, members] : by_length) {
     const int64_t rows = int64_t(members.size());
-    std::vector<std::vector<int64_t>> seqs;
+    // The prompts, BOS input SEP, in one step; then one token per step
+    // against the KV cache.
+    std::vector<int64_t> prompts;
     for (size_t i : members) {
-      std::vector<int64_t> s{kBos};
-      s.insert(s.end(), inputs[i].begin(), inputs[i].end());
-      s.push_back(kSep);
-      seqs.push_back(std::move(s));
+      prompts.push_back(kBos);
+      prompts.insert(prompts.end(), inputs[i].begin(), inputs[i].end());
+      prompts.push_back(kSep);
     }
+    model.begin_decode();
+    Tensor logits = model.decode_step(ids_tensor(prompts, rows, int64_t(length) + 2));
     std::vector<bool> done(size_t(rows), false);
     for (int64_t step = 0; step < max_new; ++step) {
-      const int64_t T = int64_t(seqs[0].size());
-      std::vector<int64_t> flat;
-      for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());
-      const Tensor logits = model.forward(ids_tensor(flat, rows, T));
-      const int64_t V = logits.size(-1);
-      const float* l = logits.to(DType::float32).data<float>();
+      const int64_t T = logits.size(1), V = logits.size(-1);
+      const Tensor scores = logits.to(DType::float32);
+      const float* l = scores.data<float>();
+      std::vector<int64_t> next(static_cast<size_t>(rows));
       bool all_done = true;
       for (int64_t r = 0; r < rows; ++r) {
         const float* last = l + (r * T + T - 1) * V;
-        const int64_t next = int64_t(std::max_element(last, last + V) - last);
-        seqs[size_t(r)].push_back(next);
+        next[size_t(r)] = int64_t(std::max_element(last, last + V) - last);
         if (!done[size_t(r)]) {
-          if (next == kEos) done[size_t(r)] = true;
-          else outputs[members[size_t(r)]].push_back(next);
+          if (next[size_t(r)] == kEos) done[size_t(r)] = true;
+          else outputs[members[size_t(r)]].push_back(next[size_t(r)]);
         }
         all_done = all_done && done[size_t(r)];
       }
-      if (all_done) break;
+      if (all_done || step + 1 == max_new) break;
+      logits = model.decode_step(ids_tensor(next, rows, 1));
     }
   }
   model.train(was_training);

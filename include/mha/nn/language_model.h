@@ -1,13 +1,22 @@
 // A decoder-only (GPT-style) Transformer language model:
-//   ids (B, L) int64 → embedding + sinusoidal positions
-//   → num_layers × TransformerEncoderLayer with a causal mask (batch_first)
+//   ids (B, L) int64 → embedding (+ absolute positions: sinusoidal or learned)
+//   → num_layers × TransformerEncoderLayer with a causal mask (batch_first;
+//     relative, rope and alibi positions act inside self-attention)
 //   → final LayerNorm (Pre-LN models) → head: Linear(D → vocab) → logits (B, L, vocab)
 // backward(dlogits) accumulates every parameter's gradient.
+//
+// Positions (positional.h): sinusoidal (the default) and learned are added to
+// the embeddings; relative adds T5's causal bucketed bias, one table
+// (num_buckets, H) shared by every layer as in T5; alibi adds fixed linear
+// biases; rope rotates q and k in every layer. Only learned has a longest
+// sequence, max_len.
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "mha/nn/embedding.h"
+#include "mha/nn/positional.h"
 #include "mha/nn/transformer.h"
 
 namespace mha::nn {
@@ -22,6 +31,11 @@ struct LanguageModelConfig {
   Activation activation = Activation::gelu;
   bool norm_first = true;
   DType dtype = DType::float32;
+  Position position = Position::sinusoidal;
+  int64_t max_len = 512;       // learned: positions 0 … max_len − 1
+  int64_t num_buckets = 32;    // relative: T5's defaults
+  int64_t max_distance = 128;  // relative
+  double rope_base = 10000.0;  // rope
 };
 
 class LanguageModel : public Module {
@@ -29,7 +43,8 @@ class LanguageModel : public Module {
   LanguageModel(const LanguageModelConfig& config, Generator& gen);
 
   const LanguageModelConfig& config() const { return config_; }
-  // embedding.weight, layers.N.*, norm.* (Pre-LN), head.weight, head.bias.
+  // embedding.weight, [position_embedding.weight], layers.N.*,
+  // [relative_attention_bias.weight], norm.* (Pre-LN), head.weight, head.bias.
   std::vector<NamedParameter> named_parameters() override;
   std::vector<NamedGenerator> named_generators() override;  // layers.N.*
   void train(bool on = true) override;
@@ -40,14 +55,31 @@ class LanguageModel : public Module {
   void backward(const Tensor& dlogits);
   const std::vector<Tensor>& attention_weights() const { return weights_; }
 
+  // Incremental decoding with a KV cache per layer (inference; run in eval
+  // mode). begin_decode() forgets the sequence; decode_step(ids (B, L))
+  // appends L tokens at positions decoded_length() … and returns their logits
+  // (B, L, vocab), equal to those of forward() over the whole sequence. Each
+  // token costs O(decoded_length()) attention work. decode_step overwrites
+  // what backward needs: call forward again before a backward.
+  void begin_decode();
+  Tensor decode_step(const Tensor& ids);
+  int64_t decoded_length() const { return caches_.empty() ? 0 : caches_[0].length; }
+
   Embedding embedding;
+  std::optional<Embedding> position_embedding;       // learned: (max_len, D)
   std::vector<std::unique_ptr<TransformerEncoderLayer>> layers;
+  std::optional<Embedding> relative_attention_bias;  // relative: (num_buckets, H)
   LayerNorm norm;
   Linear head;
 
  private:
   LanguageModelConfig config_;
   std::vector<Tensor> weights_;
+  std::vector<KVCache> caches_;
+
+  Tensor embed(const Tensor& ids, int64_t offset, const char* fn);
+  Tensor attention_bias(int64_t L, int64_t offset);
+  Tensor logits(const Tensor& x);
 };
 
 }  // namespace mha::nn

@@ -11,9 +11,14 @@
 //   key_padding_mask (N, S) or (S): bool (true = ignore that key) or float (added).
 //   attn_mask (L, S) or (N·H, L, S): bool (true = NOT allowed, as in torch) or float (added).
 //   output like query; weights (N, L, S) averaged over heads, or (N, H, L, S).
+//
+// Extensions (unset, the module is torch's): RoPE on q and k (rotary_base),
+// an additive per-head bias with its gradient (attn_bias), and incremental
+// self-attention against a KV cache (forward_cached).
 // Differences from torch are listed in docs/design.md.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +40,11 @@ struct MultiheadAttentionConfig {
   int64_t vdim = 0;  // 0 = embed_dim
   bool batch_first = false;
   DType dtype = DType::float32;  // float32 or float64
+  // Rotary position embedding (nn::rotate_positions_) with this base on the q
+  // and k of every head, after the in-projection: query row l and key row s
+  // sit at positions l and s (in forward_cached: cache.length + the new row).
+  // Needs an even head dim; bias_k / the zero row are not rotated.
+  std::optional<double> rotary_base;
 };
 
 struct MultiheadAttentionInputs {
@@ -43,6 +53,11 @@ struct MultiheadAttentionInputs {
   Tensor attn_mask;              // undefined = none
   bool average_attn_weights = true;
   bool is_causal = false;        // adds a top-left causal mask (and-ed with attn_mask)
+  // Added to the logits of every head with the masks (ALiBi, T5's relative
+  // bias): float (1 or N, H, L, S) in the module's dtype. attn_bias_grad: the
+  // next backward returns its gradient (summed over a broadcast batch dim).
+  Tensor attn_bias;              // undefined = none
+  bool attn_bias_grad = false;
 };
 
 struct MultiheadAttentionOutput {
@@ -52,6 +67,16 @@ struct MultiheadAttentionOutput {
 
 struct MultiheadAttentionInputGradients {
   Tensor dquery, dkey, dvalue;  // for self-attention (one tensor passed three times) add them
+  Tensor dattn_bias;            // attn_bias's shape; defined when the forward asked for it
+};
+
+// Keys and values of the tokens decoded so far, as forward_cached projected
+// (and rotated) them: (N, capacity, D) buffers whose first `length` rows hold
+// tokens 0 … length − 1. The capacity doubles when full, so appending a token
+// costs O(D) amortised. An empty cache ({}) starts a sequence.
+struct KVCache {
+  Tensor key, value;
+  int64_t length = 0;
 };
 
 class MultiheadAttention : public Module {
@@ -78,6 +103,18 @@ class MultiheadAttention : public Module {
 
   // Gradients of the last forward's inputs; adds into every parameter's grad.
   MultiheadAttentionInputGradients backward(const Tensor& doutput);
+
+  // Self-attention for decoding (inference: no dropout, nothing saved for
+  // backward). x (L, N, D), (N, L, D) when batch_first, or (L, D): L new
+  // tokens at positions cache.length … cache.length + L − 1. Their keys and
+  // values are appended to `cache`, and each new row attends to every cached
+  // row; with is_causal only to those up to itself (Causal::bottom_right).
+  // Of `inputs`, is_causal and attn_bias (1 or N, H, L, cache.length + L) are
+  // used (no weights are returned); masks are refused, and so are kdim or
+  // vdim ≠ embed_dim, add_bias_kv and add_zero_attn. The output equals the
+  // new rows of forward(x_all, x_all, x_all) over the whole sequence, at
+  // O(cache.length · D) work per new token.
+  Tensor forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& inputs = {});
 
   // Parameters, public so that tests and tools can set them.
   Tensor in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias;

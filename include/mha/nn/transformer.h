@@ -34,6 +34,7 @@ struct TransformerEncoderLayerConfig {
   bool batch_first = false;
   bool norm_first = false;
   DType dtype = DType::float32;  // float32 or float64
+  std::optional<double> rotary_base;  // RoPE in self-attention (MultiheadAttentionConfig::rotary_base)
 };
 
 // ReLU or GELU, chosen at construction.
@@ -54,6 +55,8 @@ struct EncoderInputs {
   Tensor src_key_padding_mask;  // (N, S) or (S)
   bool is_causal = false;
   bool need_weights = false;    // keep self-attention's per-head weights in last_attention_weights()
+  Tensor attn_bias;             // self-attention's additive (1 or N, H, S, S) bias (MultiheadAttentionInputs)
+  bool attn_bias_grad = false;  // backward keeps its gradient in attn_bias_grad()
 };
 
 class TransformerEncoderLayer : public Module {
@@ -70,6 +73,13 @@ class TransformerEncoderLayer : public Module {
   Tensor backward(const Tensor& dy);
   // (N, H, S, S) weights of the last forward with need_weights (else undefined).
   const Tensor& last_attention_weights() const { return weights_; }
+  // The last backward's gradient of inputs.attn_bias (when attn_bias_grad).
+  const Tensor& attn_bias_grad() const { return attn_bias_grad_; }
+
+  // Decoding (inference): src holds new tokens; self-attention runs
+  // self_attn.forward_cached against `cache` (is_causal and attn_bias of
+  // inputs apply; attn_bias is (1 or N, H, S_new, cache.length + S_new)).
+  Tensor forward_cached(const Tensor& src, KVCache& cache, const EncoderInputs& inputs = {});
 
   MultiheadAttention self_attn;
   Linear linear1, linear2;
@@ -80,7 +90,7 @@ class TransformerEncoderLayer : public Module {
   TransformerEncoderLayerConfig config_;
   ActivationLayer activation_;
   bool forwarded_ = false;
-  Tensor weights_;
+  Tensor weights_, attn_bias_grad_;
 };
 
 // The decoder layer takes the encoder's configuration (same fields).

@@ -66,7 +66,8 @@ struct StepLoss {
 };
 StepLoss accumulate_gradients(nn::LanguageModel& model, const std::vector<Example>& examples, int64_t micro_batch);
 
-// Greedy decoding: the output tokens after BOS input SEP, up to EOS or max_new.
+// Greedy decoding with a KV cache (LanguageModel::decode_step): the output
+// tokens after BOS input SEP, up to EOS or max_new.
 std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::vector<std::vector<int64_t>>& inputs,
                                            int64_t max_new);
 
