@@ -6,6 +6,10 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 mha_install "${MHA_TEST_PACKAGES[@]}"
 start=$(date +%s)
+# ctest runs tests side by side, each with an OpenMP team as wide as the
+# machine: idle threads that spin steal the cores the others need (the suite
+# took 5x longer); passive waiting lets them sleep.
+export OMP_WAIT_POLICY=PASSIVE
 
 echo "== Release build and tests"
 mha_build build -DMHA_BUILD_TESTS=ON >/dev/null
