@@ -2,7 +2,7 @@
 # The main job: install what is missing, build in Release, then train a small
 # Transformer on the copy task, report its held-out exact match (about half a
 # minute on 2 cores) and draw its attention, layer by layer and head by head,
-# to runs/copy/attention.png. With arguments, runs `mha ARGS…` instead, e.g.
+# to runs/copy/attention.png and an offline page to explore, runs/copy/attention.html. With arguments, runs `mha ARGS…` instead, e.g.
 #   bash scripts/main.sh demo
 #   bash scripts/main.sh train --task reverse --out runs/reverse
 set -euo pipefail
@@ -12,5 +12,7 @@ if [ "$#" -gt 0 ]; then
   exec "$MHA_ROOT/build/mha" "$@"
 fi
 "$MHA_ROOT/build/mha" train --task copy --out "$MHA_ROOT/runs/copy"
-"$MHA_ROOT/build/mha" viz --checkpoint "$MHA_ROOT/runs/copy" --input "3 1 4 1 5 9 2 6 5 3 5 8" \
-  --out "$MHA_ROOT/runs/copy/attention.png"
+for picture in attention.png attention.html; do
+  "$MHA_ROOT/build/mha" viz --checkpoint "$MHA_ROOT/runs/copy" --input "3 1 4 1 5 9 2 6 5 3 5 8" \
+    --out "$MHA_ROOT/runs/copy/$picture"
+done

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--seed", train.train.seed, "Random seed")->capture_default_str();
   train_cmd->add_option("--eval-every", train.train.eval_every, "Held-out evaluation interval")->capture_default_str();
   train_cmd->add_option("--max-seconds", train.train.max_seconds, "Stop after this much training time")->capture_default_str();
+  train_cmd->add_option("--stop-when-perfect", train.train.stop_when_perfect, "Stop once held-out exact match is 100%")->capture_default_str();
   train_cmd->add_option("--accumulate", train.train.accumulate, "Micro-batches of --batch per step (gradient accumulation)")->capture_default_str();
   train_cmd->add_option("--init", train.init, "Weight initialisation: default, xavier, he or normal")->capture_default_str();
   train_cmd->add_option("--out", train.out, "Folder for the checkpoint, metrics.csv and summary.json");
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
   std::string checkpoint;
   CLI::App* eval_cmd = app.add_subcommand("eval", "Held-out exact match of a trained checkpoint");
   eval_cmd->add_option("--checkpoint", checkpoint, "A folder written by `mha train --out`")->required();
+  int64_t eval_min_length = 0, eval_max_length = 0;
+  eval_cmd->add_option("--min-length", eval_min_length, "Evaluate on inputs this long or longer (default: as trained)");
+  eval_cmd->add_option("--max-length", eval_max_length, "Evaluate on inputs this long or shorter (default: as trained)");
 
   std::string viz_checkpoint, viz_input, viz_out = "attention.png";
   CLI::App* viz_cmd = app.add_subcommand("viz", "Draw every layer's and head's attention for one input (PNG or HTML)");
@@ -77,7 +81,7 @@ int main(int argc, char** argv) {
   try {
     if (demo_cmd->parsed()) mha::tools::run_demo(demo, std::cout);
     if (train_cmd->parsed()) return mha::tools::run_train(train);
-    if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint);
+    if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint, eval_min_length, eval_max_length);
     if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out);
     if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new);
   } catch (const std::exception& e) {

@@ -116,8 +116,14 @@ int run_train(TrainCommand& cmd) {
   return 0;
 }
 
-int run_eval(const std::string& checkpoint) {
+int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_length) {
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+  // Other lengths than those trained on (length generalisation): a fresh held-out set.
+  if (min_length > 0) loaded.info.task.min_length = min_length;
+  if (max_length > 0) loaded.info.task.max_length = max_length;
+  if (min_length > 0 || max_length > 0)
+    std::printf("evaluating on lengths %lld-%lld\n", (long long)loaded.info.task.min_length,
+                (long long)loaded.info.task.max_length);
   const train::TaskData data(loaded.info.task, loaded.info.seed);
   const double accuracy = train::exact_match(*loaded.model, data.heldout());
   std::printf("%s: task %s, trained %lld steps; held-out exact match %.1f%% (%lld examples)\n", checkpoint.c_str(),

@@ -23,7 +23,8 @@ struct TrainCommand {
 
 int run_train(TrainCommand& command);
 // `mha eval --checkpoint DIR`: reloads a checkpoint and prints its held-out exact match.
-int run_eval(const std::string& checkpoint);
+// --min-length/--max-length > 0 evaluate on other lengths than those trained on.
+int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_length = 0);
 // `mha viz --checkpoint DIR --input "3 1 4" --out PATH`: decodes the input
 // greedily and draws every layer's and head's attention over the whole sequence,
 // as a PNG grid or an interactive HTML page, chosen by PATH's extension
