@@ -7,8 +7,9 @@ set -euo pipefail
 MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev
   nlohmann-json3-dev libpng-dev pybind11-dev python3-dev python3-numpy)
 # Only to run the tests: PyTorch (Debian's is 1.13) to compare against, pytest, matplotlib,
-# and a headless browser that opens the attention page (VizBrowser.* in tests/test_viz.cpp).
-MHA_TEST_PACKAGES=(python3-torch python3-pytest python3-matplotlib chromium)
+# a headless browser that opens the attention page (VizBrowser.* in tests/test_viz.cpp),
+# and scikit-learn for its 8×8 digits (`mha train --task digits`, tests/test_vision.cpp).
+MHA_TEST_PACKAGES=(python3-torch python3-pytest python3-matplotlib chromium python3-sklearn)
 
 # Prints those of the given packages that are not installed.
 mha_missing_packages() {

@@ -1,6 +1,8 @@
 // `mha train`: progress on a terminal as one live line, else plain lines.
 #include "train_command.h"
 
+#include "progress.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,11 +37,6 @@ std::vector<int64_t> parse_input(const std::string& input, const char* command) 
   return tokens;
 }
 
-std::string seconds_text(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%d:%02d", int(s) / 60, int(s) % 60);
-  return buf;
-}
 
 }  // namespace
 
@@ -74,42 +71,17 @@ int run_train(TrainCommand& cmd) {
   const auto save = [&](const train::TrainState& s) {
     train::save_checkpoint(cmd.out, *model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step}, &s);
   };
-  const bool tty = isatty(fileno(stdout));
-  std::ostringstream metrics;
-  if (earlier_metrics.empty()) metrics << "step,loss,token_accuracy,heldout_exact_match,tokens_per_second,elapsed_seconds\n";
-  else metrics << earlier_metrics;
+  ProgressReport report(earlier_metrics);
   const auto on_checkpoint = [&](const train::TrainState& s) {
     if (!cmd.out.empty()) save(s);
   };
-  const train::TrainResult r = train::train(*model, data, cmd.train, [&](const train::TrainProgress& p) {
-    metrics << p.step << ',' << p.loss << ',' << p.token_accuracy << ','
-            << (p.heldout_exact_match >= 0 ? std::to_string(p.heldout_exact_match) : "") << ',' << p.tokens_per_second
-            << ',' << p.elapsed_seconds << '\n';
-    const double eta = p.elapsed_seconds / double(p.step) * double(p.steps - p.step);
-    char line[256];
-    std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  token acc %5.1f%%  %7.0f tok/s  %s elapsed, ETA %s%s",
-                  (long long)p.step, (long long)p.steps, p.loss, 100 * p.token_accuracy, p.tokens_per_second,
-                  seconds_text(p.elapsed_seconds).c_str(), seconds_text(eta).c_str(),
-                  p.heldout_exact_match >= 0 ? ("  held-out exact " + std::to_string(int(100 * p.heldout_exact_match + 0.5)) + "%").c_str() : "");
-    if (tty) {
-      std::printf("\r\033[K%s", line);
-      if (p.heldout_exact_match >= 0) std::printf("\n");
-      std::fflush(stdout);
-    } else if (p.heldout_exact_match >= 0) {
-      std::printf("%s\n", line);
-    }
-  }, &state, on_checkpoint);
+  const train::TrainResult r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint);
   std::printf("held-out exact match: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
               100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
   if (!cmd.out.empty()) {
     save(state);
-    io::write_file_atomically(cmd.out + "/metrics.csv", metrics.str());
-    std::ostringstream summary;
-    summary << "{\n  \"task\": \"" << cmd.task << "\",\n  \"steps\": " << r.steps << ",\n  \"heldout_exact_match\": "
-            << r.heldout_exact_match << ",\n  \"train_seconds\": " << r.train_seconds << ",\n  \"tokens_per_second\": "
-            << r.tokens_per_second << ",\n  \"final_loss\": " << r.final_loss << ",\n  \"parameters\": " << parameters
-            << "\n}\n";
-    io::write_file_atomically(cmd.out + "/summary.json", summary.str());
+    io::write_file_atomically(cmd.out + "/metrics.csv", report.metrics_csv());
+    write_summary(cmd.out, cmd.task, r, parameters);
     std::printf("wrote %s/: model.safetensors, config.json, train_state.safetensors, metrics.csv, summary.json\n",
                 cmd.out.c_str());
   }

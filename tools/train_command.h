@@ -19,9 +19,15 @@ struct TrainCommand {
   std::string out;     // output folder; empty: none
   std::string init = "default";  // weight initialisation: default, xavier, he, normal
   std::string resume;  // continue the run saved in this folder (its model, task and state)
+  // --task digits (a Vision Transformer): the data file, held-out images, patch side.
+  std::string data;
+  int64_t digits_heldout = 360;
+  int64_t patch = 2;
 };
 
 int run_train(TrainCommand& command);
+// `mha train --task digits`: a Vision Transformer classifying 8×8 digit images.
+int run_train_digits(TrainCommand& command);
 // `mha eval --checkpoint DIR`: reloads a checkpoint and prints its held-out exact match.
 // --min-length/--max-length > 0 evaluate on other lengths than those trained on.
 int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_length = 0);

@@ -16,6 +16,7 @@
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/positional.h"
 #include "mha/nn/transformer.h"
+#include "mha/nn/vision_transformer.h"
 #include "mha/optim.h"
 #include "mha/random.h"
 #include "mha/tensor.h"

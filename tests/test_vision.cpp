@@ -1,0 +1,104 @@
+// The Vision Transformer and the digits: gradients, data loading, training.
+#include <zlib.h>
+
+#include <cstdio>
+#include <set>
+
+#include "mha/train/vision.h"
+#include "testing.h"
+
+using namespace mha;
+using namespace mha::nn;
+using namespace mha::testing;
+
+TEST(VisionTransformer, GradientsOfEveryParameter) {
+  Generator g(1);
+  VisionTransformer vit({.image_side = 4, .patch = 2, .classes = 3, .d_model = 8, .nhead = 2, .num_layers = 2,
+                         .dim_feedforward = 12, .dtype = DType::float64},
+                        g);
+  const Tensor images = random_tensor({3, 16}, 2);
+  const Tensor r = random_tensor({3, 3}, 3);
+  vit.zero_grad();
+  EXPECT_EQ(vit.forward(images).shape(), (Shape{3, 3}));
+  vit.backward(r);
+  auto loss = [&] { return weighted_sum(vit.forward(images), r); };
+  double worst = 0;
+  for (NamedParameter& p : vit.named_parameters()) {
+    const double e = gradient_error(*p.value, *p.grad, loss);
+    EXPECT_LT(e, 1e-6) << p.name;
+    EXPECT_GT(max_abs(*p.grad), 0.0) << p.name;
+    worst = std::max(worst, e);
+  }
+  std::printf("  vision transformer: worst relative gradient error %.1e\n", worst);
+  EXPECT_THROW(VisionTransformer({.image_side = 8, .patch = 3}, g), ValueError);
+  EXPECT_THROW(vit.forward(random_tensor({2, 15}, 4)), ShapeError);
+}
+
+TEST(Digits, LoadSplitAndAugment) {
+  const std::string path = train::default_digits_path();
+  ASSERT_FALSE(path.empty()) << "python3-sklearn's digits.csv.gz was not found when the build was configured";
+  const train::DigitImages all = train::load_digits(path);
+  EXPECT_EQ(all.size(), 1797);
+  EXPECT_EQ(all.pixels.shape(), (Shape{1797, 64}));
+  std::set<int64_t> labels(all.labels.begin(), all.labels.end());
+  EXPECT_EQ(labels.size(), 10u);
+  const train::DigitSplit split = train::split_digits(all, 360, 7);
+  EXPECT_EQ(split.heldout.size(), 360);
+  EXPECT_EQ(split.train.size(), 1797 - 360);
+  // No image is in both parts: compare the pixel rows (duplicates in the data set aside).
+  std::multiset<std::vector<double>> train_rows, all_rows;
+  for (int64_t i = 0; i < split.train.size(); ++i) train_rows.insert(split.train.pixels.select(0, i).to_vector());
+  for (int64_t i = 0; i < all.size(); ++i) all_rows.insert(all.pixels.select(0, i).to_vector());
+  int64_t shared = 0;
+  for (int64_t i = 0; i < split.heldout.size(); ++i) {
+    const auto row = split.heldout.pixels.select(0, i).to_vector();
+    shared += int64_t(train_rows.count(row) == all_rows.count(row));  // every copy of it went to training
+  }
+  EXPECT_EQ(shared, 0);
+  // A shift moves the image by whole pixels and brings zeros in.
+  Generator gen(3);
+  const Tensor plain = train::digit_batch(all, {5});
+  const Tensor shifted = train::digit_batch(all, {5}, &gen, 1);
+  double sum_plain = 0, sum_shifted = 0;
+  for (double v : plain.to_vector()) sum_plain += v;
+  for (double v : shifted.to_vector()) sum_shifted += v;
+  EXPECT_LE(sum_shifted, sum_plain + 1e-6);
+}
+
+TEST(Digits, CorruptFilesAreRefused) {
+  const std::string dir = temp_dir("mha_digits_");
+  const auto write_gz = [&](const std::string& name, const std::string& text) {
+    gzFile f = gzopen((dir + "/" + name).c_str(), "wb");
+    gzwrite(f, text.data(), unsigned(text.size()));
+    gzclose(f);
+    return dir + "/" + name;
+  };
+  std::string row;
+  for (int i = 0; i < 64; ++i) row += "3,";
+  EXPECT_EQ(train::load_digits(write_gz("ok.csv.gz", row + "7\n" + row + "2\n")).size(), 2);
+  EXPECT_THROW(train::load_digits(write_gz("short.csv.gz", "1,2,3\n")), FormatError);
+  EXPECT_THROW(train::load_digits(write_gz("label.csv.gz", row + "12\n")), FormatError);
+  EXPECT_THROW(train::load_digits(write_gz("pixel.csv.gz", "99," + row.substr(2) + "1\n")), FormatError);
+  EXPECT_THROW(train::load_digits(write_gz("text.csv.gz", row + "x\n")), FormatError);
+  EXPECT_THROW(train::load_digits(dir + "/missing.csv.gz"), FormatError);
+  // A gzip stream cut in the middle.
+  const std::string whole = read_bytes(write_gz("whole.csv.gz", row + "7\n" + row + "2\n"));
+  std::FILE* f = std::fopen((dir + "/cut.csv.gz").c_str(), "wb");
+  std::fwrite(whole.data(), 1, whole.size() / 2, f);
+  std::fclose(f);
+  EXPECT_THROW(train::load_digits(dir + "/cut.csv.gz"), FormatError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Digits, AShortTrainingRunLearns) {
+  const train::DigitSplit data = train::split_digits(train::load_digits(train::default_digits_path()), 360, 1);
+  Generator g(1);
+  VisionTransformer vit({.patch = 4, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64}, g);
+  const double before = train::classification_accuracy(vit, data.heldout);
+  const train::TrainResult r = train::train_digits(
+      vit, data, {.steps = 150, .batch_size = 32, .lr = 3e-3, .min_lr = 1e-4, .warmup = 10, .eval_every = 0});
+  std::printf("  digits: held-out accuracy %.2f before, %.2f after %lld steps\n", before, r.heldout_exact_match,
+              (long long)r.steps);
+  EXPECT_LT(before, 0.3);
+  EXPECT_GT(r.heldout_exact_match, 0.6);
+}

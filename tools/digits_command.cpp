@@ -1,0 +1,48 @@
+// `mha train --task digits`: a Vision Transformer on the 8×8 digits.
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+
+#include "mha/errors.h"
+#include "mha/io/safetensors.h"
+#include "mha/train/vision.h"
+#include "progress.h"
+#include "train_command.h"
+
+namespace mha::tools {
+
+int run_train_digits(TrainCommand& cmd) {
+  const std::string path = cmd.data.empty() ? train::default_digits_path() : cmd.data;
+  if (path.empty())
+    throw ValueError("[mha train] --data: expected the path of digits.csv.gz (Debian's python3-sklearn ships it; "
+                     "install it and rebuild, or pass --data); got none");
+  const train::DigitSplit data = train::split_digits(train::load_digits(path), cmd.digits_heldout, cmd.train.seed);
+  Generator gen(cmd.train.seed);
+  nn::VisionTransformer model({.patch = cmd.patch, .d_model = cmd.model.d_model, .nhead = cmd.model.nhead,
+                               .num_layers = cmd.model.num_layers, .dim_feedforward = cmd.model.dim_feedforward,
+                               .dropout = cmd.model.dropout, .activation = cmd.model.activation},
+                              gen);
+  int64_t parameters = 0;
+  for (const nn::NamedParameter& p : model.named_parameters()) parameters += p.value->numel();
+  std::printf("mha train: task digits, %lld training and %lld held-out images; ViT patch %lld (%lld tokens), "
+              "d_model %lld, %lld heads, %lld layers, %lld parameters\n",
+              (long long)data.train.size(), (long long)data.heldout.size(), (long long)cmd.patch,
+              (long long)(model.grid() * model.grid() + 1), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
+              (long long)cmd.model.num_layers, (long long)parameters);
+  ProgressReport report;
+  const train::TrainResult r = train::train_digits(model, data, cmd.train, std::ref(report));
+  std::printf("held-out accuracy: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
+              100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
+  if (!cmd.out.empty()) {
+    std::filesystem::create_directories(cmd.out);
+    io::NamedTensors tensors;
+    for (const nn::NamedParameter& p : model.named_parameters()) tensors.push_back({p.name, *p.value});
+    io::save_safetensors(cmd.out + "/model.safetensors", tensors, {{"format", "mha-vit"}});
+    io::write_file_atomically(cmd.out + "/metrics.csv", report.metrics_csv());
+    write_summary(cmd.out, "digits", r, parameters);
+    std::printf("wrote %s/: model.safetensors, metrics.csv, summary.json\n", cmd.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace mha::tools

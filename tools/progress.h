@@ -1,0 +1,29 @@
+// What `mha train` shows and writes while it trains: a live progress line on
+// a terminal (plain lines at each evaluation otherwise), the rows of
+// metrics.csv, and summary.json.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+#include "mha/train/trainer.h"
+
+namespace mha::tools {
+
+class ProgressReport {
+ public:
+  // earlier_metrics: the metrics.csv of a run being resumed ("" for a new run).
+  explicit ProgressReport(const std::string& earlier_metrics = "");
+  void operator()(const train::TrainProgress& p);
+  std::string metrics_csv() const { return metrics_.str(); }
+
+ private:
+  bool tty_;
+  std::ostringstream metrics_;
+};
+
+// DIR/summary.json: task, steps, heldout_exact_match, train_seconds,
+// tokens_per_second, final_loss, parameters.
+void write_summary(const std::string& dir, const std::string& task, const train::TrainResult& r, int64_t parameters);
+
+}  // namespace mha::tools
