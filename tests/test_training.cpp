@@ -132,15 +132,23 @@ TEST(Tasks, HeldOutNeverInTrainingAndBatchesAreShifted) {
   EXPECT_EQ(b.ids, (std::vector<int64_t>{train::kBos, 3, 1, 4, train::kSep, 4, 1, 3, train::kEos}));
   EXPECT_EQ(b.targets, (std::vector<int64_t>{-100, -100, -100, -100, 4, 1, 3, train::kEos, -100}));
   EXPECT_THROW(train::parse_task("multiply"), ValueError);
-  train::TaskData add({.task = train::Task::add, .digits = 2, .heldout = 5}, 3);
-  for (const train::Example& x : add.heldout()) {
-    // Decode a + b from the digits and check the sum.
-    int64_t a = 0, bsum = 0, out = 0;
-    size_t i = 0;
-    for (; x.input[i] != train::kPlus; ++i) a = a * 10 + x.input[i];
-    for (++i; i < x.input.size(); ++i) bsum = bsum * 10 + x.input[i];
-    for (int64_t d : x.output) out = out * 10 + d;
-    EXPECT_EQ(out, a + bsum);
+  for (bool reversed : {false, true}) {
+    train::TaskData add({.task = train::Task::add, .digits = 2, .reversed_sum = reversed, .heldout = 5}, 3);
+    for (const train::Example& x : add.heldout()) {
+      // Decode a + b from the digits and check the sum.
+      int64_t a = 0, bsum = 0, out = 0;
+      size_t i = 0;
+      for (; x.input[i] != train::kPlus; ++i) a = a * 10 + x.input[i];
+      for (++i; i < x.input.size(); ++i) bsum = bsum * 10 + x.input[i];
+      std::vector<int64_t> sum = x.output;
+      if (reversed) {
+        EXPECT_EQ(x.input.size(), 5u);   // "ab+cd": operands zero-padded to 2 digits
+        EXPECT_EQ(sum.size(), 3u);       // the sum zero-padded to 3
+        std::reverse(sum.begin(), sum.end());
+      }
+      for (int64_t d : sum) out = out * 10 + d;
+      EXPECT_EQ(out, a + bsum);
+    }
   }
 }
 

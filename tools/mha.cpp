@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--min-length", train.task_config.min_length, "Shortest input (copy, reverse, sort)")->capture_default_str();
   train_cmd->add_option("--max-length", train.task_config.max_length, "Longest input (copy, reverse, sort)")->capture_default_str();
   train_cmd->add_option("--digits", train.task_config.digits, "Operand digits (add)")->capture_default_str();
+  train_cmd->add_option("--reversed-sum", train.task_config.reversed_sum,
+                        "add: zero-padded operands, the sum least significant digit first")->capture_default_str();
   train_cmd->add_option("--heldout", train.task_config.heldout, "Held-out examples")->capture_default_str();
   train_cmd->add_option("--d-model", train.model.d_model, "Model dimension")->capture_default_str();
   train_cmd->add_option("--heads", train.model.nhead, "Attention heads")->capture_default_str();

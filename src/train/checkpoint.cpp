@@ -34,7 +34,8 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
             {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance}, {"rope_base", m.rope_base}}},
           {"task",
            {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length},
-            {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"heldout", info.task.heldout}}},
+            {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"reversed_sum", info.task.reversed_sum},
+            {"heldout", info.task.heldout}}},
           {"seed", info.seed},
           {"steps", info.steps}};
 }
@@ -74,6 +75,7 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     info.task.min_length = t.at("min_length").get<int64_t>();
     info.task.max_length = t.at("max_length").get<int64_t>();
     info.task.digits = t.at("digits").get<int64_t>();
+    info.task.reversed_sum = t.value("reversed_sum", false);  // checkpoints from before the option: plain
     info.task.heldout = t.at("heldout").get<int64_t>();
     info.seed = c.at("seed").get<uint64_t>();
     info.steps = c.at("steps").get<int64_t>();

@@ -21,12 +21,13 @@ std::string key_of(const Example& e) {
   return k;
 }
 
-std::vector<int64_t> digits_of(int64_t v) {
+// The decimal digits of v, most significant first, zero-padded to `width`.
+std::vector<int64_t> digits_of(int64_t v, int64_t width = 0) {
   std::vector<int64_t> d;
   do {
     d.push_back(v % 10);
     v /= 10;
-  } while (v > 0);
+  } while (v > 0 || int64_t(d.size()) < width);
   std::reverse(d.begin(), d.end());
   return d;
 }
@@ -74,10 +75,12 @@ Example TaskData::draw(Generator& gen) const {
       return v - 1;
     }();
     const int64_t a = uniform_int(gen, 0, hi), b = uniform_int(gen, 0, hi);
-    e.input = digits_of(a);
+    const int64_t width = config_.reversed_sum ? config_.digits : 0;
+    e.input = digits_of(a, width);
     e.input.push_back(kPlus);
-    for (int64_t d : digits_of(b)) e.input.push_back(d);
-    e.output = digits_of(a + b);
+    for (int64_t d : digits_of(b, width)) e.input.push_back(d);
+    e.output = digits_of(a + b, config_.reversed_sum ? width + 1 : 0);
+    if (config_.reversed_sum) std::reverse(e.output.begin(), e.output.end());
     return e;
   }
   const int64_t n = uniform_int(gen, config_.min_length, config_.max_length);

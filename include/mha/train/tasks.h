@@ -27,6 +27,11 @@ struct TaskConfig {
   int64_t min_length = 10;  // copy/reverse/sort input lengths
   int64_t max_length = 20;
   int64_t digits = 3;       // add: operand digits (at most)
+  // add: operands zero-padded to `digits`, the sum written least significant
+  // digit first and zero-padded to digits + 1 ("042+917=" → "9590" for 959):
+  // each output digit then depends only on digits already seen and the carry
+  // just written. false: plain "42+917" → "959", most significant first.
+  bool reversed_sum = true;
   int64_t heldout = 256;    // held-out examples
 };
 
