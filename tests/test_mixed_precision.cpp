@@ -62,46 +62,82 @@ double worst_gradient_error(Module& mixed, Module& reference, double tolerance) 
 
 }  // namespace
 
-TEST(Bf16Gemm, RoundsToNearestEven) {
+TEST(Bf16Gemm, RoundsToNearestEvenOnEveryIsa) {
   const float tie_down = 1.0f + 0x1p-8f, tie_up = 1.0f + 3 * 0x1p-8f, above = 1.0f + 0x1p-8f + 0x1p-20f;
-  const std::vector<float> x{0.0f, -0.0f, 1.0f, tie_down, tie_up, above, 3.14159f, -2.5e-3f, 1e-40f,
-                             std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
-                             -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
-  std::vector<bfloat16> y(x.size());
-  cpu::round_to_bf16(x.data(), y.data(), int64_t(x.size()));
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i].bits, bfloat16(x[i]).bits) << x[i];
-  EXPECT_EQ(float(y[3]), 1.0f);                  // a tie goes to the even neighbour: down
-  EXPECT_EQ(float(y[4]), 1.0f + 4 * 0x1p-8f);    // and up
-  EXPECT_EQ(float(y[5]), 1.0f + 2 * 0x1p-8f);    // past the tie: up
-  EXPECT_TRUE(std::isinf(float(y[9])));          // FLT_MAX overflows
-  EXPECT_TRUE(std::isnan(float(y[12])));
+  const std::vector<float> special{0.0f, -0.0f, 1.0f, tie_down, tie_up, above, 3.14159f, -2.5e-3f, 1e-40f,
+                                   std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                                   -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  // The special values, then random ones, then the special values again in
+  // the vector lanes: 13 + 40 + 13 values (full vectors and a tail).
+  std::vector<float> x = special;
+  for (double v : random_tensor({40}, 1).to_vector()) x.push_back(float(v * 1e3));
+  x.insert(x.end(), special.begin(), special.end());
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    cpu::force_isa(isa);
+    std::vector<bfloat16> y(x.size());
+    cpu::round_to_bf16(x.data(), y.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i].bits, bfloat16(x[i]).bits) << x[i] << " " << cpu::to_string(isa);
+    for (size_t at : {size_t(0), x.size() - special.size()}) {
+      EXPECT_EQ(float(y[at + 3]), 1.0f);                // a tie goes to the even neighbour: down
+      EXPECT_EQ(float(y[at + 4]), 1.0f + 4 * 0x1p-8f);  // and up
+      EXPECT_EQ(float(y[at + 5]), 1.0f + 2 * 0x1p-8f);  // past the tie: up
+      EXPECT_NE(float(y[at + 8]), 0.0f);                // a denormal stays
+      EXPECT_TRUE(std::isinf(float(y[at + 9])));        // FLT_MAX overflows
+      EXPECT_TRUE(std::isnan(float(y[at + 12])));
+    }
+  }
+  cpu::force_isa(std::nullopt);
 }
 
-TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizes) {
-  // C = alpha op(A) op(B) + beta C with padded leading dimensions.
-  for (bool ta : {false, true})
-    for (bool tb : {false, true})
-      for (auto [m, n, k] : {std::tuple{1, 1, 1}, {7, 13, 5}, {33, 17, 65}, {4, 3, 0}}) {
-        SCOPED_TRACE(std::to_string(ta) + std::to_string(tb) + " " + std::to_string(m) + "x" + std::to_string(n) +
-                     "x" + std::to_string(k));
-        const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-        const int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = n + 1;
-        Tensor a = random_tensor({std::max<int64_t>(a_rows, 1), lda}, 1, DType::bfloat16);
-        Tensor b = random_tensor({std::max<int64_t>(b_rows, 1), ldb}, 2, DType::bfloat16);
-        Tensor c = random_tensor({m, ldc}, 3, DType::float32);
-        const Tensor c0 = c.clone();
-        cpu::gemm(ta, tb, m, n, k, 0.5f, a.data<bfloat16>(), lda, b.data<bfloat16>(), ldb, 0.75f, c.data<float>(), ldc);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n; ++j) {
-            double want = 0.75 * c0.item({i, j}), size = std::abs(want);
-            for (int64_t p = 0; p < k; ++p) {
-              const double term = 0.5 * a.item(ta ? Shape{p, i} : Shape{i, p}) * b.item(tb ? Shape{j, p} : Shape{p, j});
-              want += term, size += std::abs(term);
+TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
+  // C = alpha op(A) op(B) + beta C with padded leading dimensions (odd and
+  // even: A is read in place or packed), on the AVX512-BF16 kernel (avx512)
+  // and the widening path (the other instruction sets).
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    cpu::force_isa(isa);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [m, n, k] : {std::tuple{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {70, 150, 34}, {4, 3, 0}})
+          for (int64_t pad : {2, 3}) {
+            SCOPED_TRACE(cpu::to_string(isa) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " " +
+                         std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " pad " +
+                         std::to_string(pad));
+            const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+            const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + 1;
+            const Tensor a = random_tensor({std::max<int64_t>(a_rows, 1), lda}, 1, DType::bfloat16);
+            const Tensor b = random_tensor({std::max<int64_t>(b_rows, 1), ldb}, 2, DType::bfloat16);
+            Tensor c = random_tensor({m, ldc}, 3, DType::float32);
+            const std::vector<double> av = a.to_vector(), bv = b.to_vector(), c0 = c.to_vector();
+            cpu::gemm(ta, tb, m, n, k, 0.5f, a.data<bfloat16>(), lda, b.data<bfloat16>(), ldb, 0.75f, c.data<float>(), ldc);
+            const std::vector<double> cv = c.to_vector();
+            double worst = 0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                double want = 0.75 * c0[size_t(i * ldc + j)], size = std::abs(want);
+                for (int64_t p = 0; p < k; ++p) {
+                  const double term = 0.5 * av[size_t(ta ? p * lda + i : i * lda + p)] * bv[size_t(tb ? j * ldb + p : p * ldb + j)];
+                  want += term, size += std::abs(term);
+                }
+                worst = std::max(worst, std::abs(cv[size_t(i * ldc + j)] - want) / std::max(size, 1e-30));
+              }
+              EXPECT_EQ(cv[size_t(i * ldc + n)], c0[size_t(i * ldc + n)]);  // past n: untouched
             }
-            ASSERT_NEAR(c.item({i, j}), want, 1e-6 * size) << i << ", " << j;
+            EXPECT_LE(worst, 1e-6);
           }
-        for (int64_t i = 0; i < m; ++i) EXPECT_EQ(c.item({i, n}), c0.item({i, n}));  // past n: untouched
-      }
+  }
+  cpu::force_isa(std::nullopt);
+}
+
+TEST(Bf16Gemm, BetaZeroIgnoresWhatCHeld) {
+  // As in BLAS, C is not read when beta = 0 (NaN there stays out of the result).
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    cpu::force_isa(isa);
+    const Tensor a = random_tensor({5, 8}, 1, DType::bfloat16), b = random_tensor({8, 3}, 2, DType::bfloat16);
+    Tensor c = Tensor::full({5, 3}, NAN);
+    cpu::gemm(false, false, 5, 3, 8, 1.0f, a.data<bfloat16>(), 8, b.data<bfloat16>(), 3, 0.0f, c.data<float>(), 3);
+    EXPECT_TRUE(all_finite(c)) << cpu::to_string(isa);
+  }
+  cpu::force_isa(std::nullopt);
 }
 
 TEST(MixedPrecision, LinearIsTheFormulaOnRoundedOperands) {

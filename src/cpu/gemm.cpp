@@ -3,6 +3,8 @@
 
 #include <cblas.h>
 
+#include "cpu/flash/dispatch.h"
+
 #include <cstring>
 #include <vector>
 
@@ -51,6 +53,8 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a, int64_t lda,
           const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  static const bool has_bf16 = __builtin_cpu_supports("avx512bf16");
+  if (has_bf16 && active_isa() == Isa::avx512) return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // op(A) is m×k: stored as m rows of k, or (transposed) k rows of m; B likewise.
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
   const float* fa = widen(a, a_rows, a_cols, lda, 0);
@@ -59,6 +63,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 }
 
 void round_to_bf16(const float* src, bfloat16* dst, int64_t n) {
+  if (active_isa() == Isa::avx512) return round_to_bf16_avx512(src, dst, n);
   // bfloat16::round_from without the branch, so that the loop vectorises.
   uint16_t* out = &dst->bits;
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 18))
