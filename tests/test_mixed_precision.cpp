@@ -206,6 +206,12 @@ TEST(MixedPrecision, WeightCopiesFollowTheWeights) {
   lin.weight = Tensor::full({3, 4}, 0.75);  // a replaced tensor is noticed
   EXPECT_EQ(lin.forward(x).item({0, 0}), 3.0);
   EXPECT_NE(before, 3.0);
+  // A copy of the layer keeps copies of its own: its refresh leaves the original's alone.
+  Linear twin = lin;
+  twin.weight = Tensor::full({3, 4}, 0.125);
+  EXPECT_EQ(twin.forward(x).item({0, 0}), 0.5);
+  lin.weight.fill_(1.0);  // in eval mode the original still uses its copy of 0.75
+  EXPECT_EQ(lin.forward(x).item({0, 0}), 3.0);
 }
 
 namespace {

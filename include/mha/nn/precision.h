@@ -35,6 +35,17 @@ std::string to_string(Precision precision);
 // replaced by another one.
 class Bf16Weights {
  public:
+  Bf16Weights() = default;
+  // A copied layer makes copies of its own: refreshing one in place must not
+  // change another layer's.
+  Bf16Weights(const Bf16Weights&) {}
+  Bf16Weights& operator=(const Bf16Weights&) {
+    copies_.clear();
+    return *this;
+  }
+  Bf16Weights(Bf16Weights&&) = default;
+  Bf16Weights& operator=(Bf16Weights&&) = default;
+
   // bfloat16 (contiguous) copy of the float32 `weight` held in `slot`.
   const Tensor& get(size_t slot, const Tensor& weight, bool refresh);
   void clear() { copies_.clear(); }
