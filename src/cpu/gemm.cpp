@@ -3,10 +3,10 @@
 
 #include <cblas.h>
 
-#include "cpu/flash/dispatch.h"
-
 #include <cstring>
 #include <vector>
+
+#include "cpu/flash/dispatch.h"
 
 namespace mha::cpu {
 
