@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
@@ -9,16 +10,23 @@
 
 namespace mha {
 
+// Adds to the counters of mha/memory.h (negative: freed).
+void track_memory(int64_t bytes);
+
 class Storage {
  public:
   Storage(size_t bytes, Device device, const char* fn)
-      : bytes_(bytes), device_(device), ptr_(backend_for(device, fn).allocate(bytes, fn)) {}
+      : bytes_(bytes), device_(device), ptr_(backend_for(device, fn).allocate(bytes, fn)) {
+    track_memory(int64_t(bytes));
+  }
   // Memory owned by someone else (Tensor::from_blob): `owner` (may be null)
   // is released with the storage; nothing is freed here.
   Storage(void* ptr, size_t bytes, Device device, std::shared_ptr<void> owner)
       : bytes_(bytes), device_(device), ptr_(ptr), borrowed_(true), owner_(std::move(owner)) {}
   ~Storage() {
-    if (!borrowed_) backend_for(device_, "mha::Storage").deallocate(ptr_);
+    if (borrowed_) return;
+    backend_for(device_, "mha::Storage").deallocate(ptr_);
+    track_memory(-int64_t(bytes_));
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -28,6 +28,25 @@ TEST(Tensor, AllocationIs64ByteAligned) {
   }
 }
 
+TEST(Tensor, MemoryCountersFollowStorage) {
+  const int64_t before = active_memory();
+  reset_peak_memory();
+  EXPECT_EQ(peak_memory(), before);
+  {
+    Tensor a = Tensor::empty({1000});                 // 4000 bytes
+    Tensor view = a.slice(0, 10, 20).transpose(0, 0);  // no new storage
+    Tensor b = Tensor::zeros({3, 5}, DType::bfloat16);
+    EXPECT_EQ(active_memory() - before, 4000 + 30);
+    float x[4];
+    Tensor borrowed = Tensor::from_blob(x, {4}, {1}, DType::float32, nullptr);  // not counted
+    EXPECT_EQ(active_memory() - before, 4030);
+  }
+  EXPECT_EQ(active_memory(), before);
+  EXPECT_EQ(peak_memory() - before, 4030);
+  reset_peak_memory();
+  EXPECT_EQ(peak_memory(), before);
+}
+
 TEST(Tensor, FromBlobViewsForeignMemoryAndKeepsItsOwnerAlive) {
   auto owner = std::make_shared<std::vector<float>>(std::vector<float>{0, 1, 2, 3, 4, 5});
   std::weak_ptr<std::vector<float>> watch = owner;

@@ -165,6 +165,25 @@ TEST(Trainer, LearnsToCopyShortSequences) {
               (long long)r.steps);
 }
 
+TEST(Trainer, MixedPrecisionLearnsCopyAsWellAsFloat32) {
+  // The same run as above in both precisions (same data, initialisation and steps).
+  train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 40}, 1);
+  double match[2];
+  for (Precision precision : {Precision::float32, Precision::bf16_mixed}) {
+    Generator g(1);
+    LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64,
+                         .precision = precision},
+                        g);
+    const train::TrainResult r = train::train(
+        model, data, {.steps = 300, .batch_size = 16, .lr = 1e-2, .min_lr = 1e-3, .warmup = 20, .eval_every = 100});
+    match[precision == Precision::bf16_mixed] = r.heldout_exact_match;
+    std::printf("  copy (lengths 2-3), %-10s held-out exact match %.2f after %lld steps\n", to_string(precision).c_str(),
+                r.heldout_exact_match, (long long)r.steps);
+  }
+  EXPECT_GE(match[1], 0.9);
+  EXPECT_GE(match[1], match[0] - 0.05);
+}
+
 TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
   // After training on copy, some head must put its strongest weight, for the
   // query that predicts output token k, on input token k: the diagonal the
@@ -206,9 +225,10 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
 
 namespace {
 
-LanguageModelConfig small_model(double dropout = 0.0, DType dtype = DType::float32) {
+LanguageModelConfig small_model(double dropout = 0.0, DType dtype = DType::float32,
+                                Precision precision = Precision::float32) {
   return {.vocab_size = train::kVocab, .d_model = 16, .nhead = 2, .num_layers = 1, .dim_feedforward = 32,
-          .dropout = dropout, .dtype = dtype};
+          .dropout = dropout, .dtype = dtype, .precision = precision};
 }
 
 void expect_same_parameters(LanguageModel& a, LanguageModel& b) {
@@ -246,24 +266,56 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
   const train::TaskData data(task, 5);
   const train::TrainConfig config{.steps = 12, .batch_size = 4, .warmup = 3, .seed = 5, .eval_every = 5,
                                   .stop_when_perfect = false, .accumulate = 2, .checkpoint_every = 6};
-  const std::string dir = temp_dir("mha_resume_");
-  Generator g1(6);
-  LanguageModel straight(small_model(0.1), g1);
-  train::TrainState end_state;
-  train::train(straight, data, config, {}, &end_state, [&](const train::TrainState& s) {
-    if (s.step == 6) train::save_checkpoint(dir, straight, {.model = small_model(0.1), .task = task, .seed = 5, .steps = 6}, &s);
-  });
-  EXPECT_EQ(end_state.step, 12);
+  for (Precision precision : {Precision::float32, Precision::bf16_mixed}) {
+    SCOPED_TRACE(to_string(precision));
+    const LanguageModelConfig model_config = small_model(0.1, DType::float32, precision);
+    const std::string dir = temp_dir("mha_resume_");
+    Generator g1(6);
+    LanguageModel straight(model_config, g1);
+    train::TrainState end_state;
+    train::train(straight, data, config, {}, &end_state, [&](const train::TrainState& s) {
+      if (s.step == 6) train::save_checkpoint(dir, straight, {.model = model_config, .task = task, .seed = 5, .steps = 6}, &s);
+    });
+    EXPECT_EQ(end_state.step, 12);
 
-  train::LoadedCheckpoint loaded = train::load_training_checkpoint(dir);
-  ASSERT_TRUE(loaded.state);
-  EXPECT_EQ(loaded.state->step, 6);
-  train::train(*loaded.model, data, config, {}, loaded.state.get());
-  EXPECT_EQ(loaded.state->step, 12);
-  expect_same_parameters(straight, *loaded.model);
-  for (size_t i = 0; i < end_state.exp_avg.size(); ++i)
-    EXPECT_EQ(max_abs_diff(end_state.exp_avg_sq[i], loaded.state->exp_avg_sq[i]), 0.0);
-  EXPECT_EQ(end_state.data_offset, loaded.state->data_offset);
+    train::LoadedCheckpoint loaded = train::load_training_checkpoint(dir);
+    ASSERT_TRUE(loaded.state);
+    EXPECT_EQ(loaded.state->step, 6);
+    EXPECT_EQ(loaded.model->config().precision, precision);
+    train::train(*loaded.model, data, config, {}, loaded.state.get());
+    EXPECT_EQ(loaded.state->step, 12);
+    expect_same_parameters(straight, *loaded.model);
+    for (size_t i = 0; i < end_state.exp_avg.size(); ++i)
+      EXPECT_EQ(max_abs_diff(end_state.exp_avg_sq[i], loaded.state->exp_avg_sq[i]), 0.0);
+    EXPECT_EQ(end_state.data_offset, loaded.state->data_offset);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(Checkpoint, StoresThePrecisionAndReadsOlderConfigsAsFloat32) {
+  const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 5};
+  const std::string dir = temp_dir("mha_precision_");
+  const LanguageModelConfig config = small_model(0.0, DType::float32, Precision::bf16_mixed);
+  Generator g(9);
+  LanguageModel model(config, g);
+  train::save_checkpoint(dir, model, {.model = config, .task = task, .steps = 1});
+  EXPECT_EQ(train::load_checkpoint(dir).model->config().precision, Precision::bf16_mixed);
+  const std::string text = read_bytes(dir + "/config.json");
+  const std::string stored = "\"precision\": \"bf16-mixed\"";
+  const size_t at = text.find(stored);
+  ASSERT_NE(at, std::string::npos) << text;
+  auto rewrite = [&](const std::string& replacement) {
+    std::ofstream(dir + "/config.json") << text.substr(0, at) + replacement + text.substr(at + stored.size());
+  };
+  rewrite("\"rope_base_copy\": 1");  // a config from before mixed precision: no "precision"
+  EXPECT_EQ(train::load_checkpoint(dir).model->config().precision, Precision::float32);
+  rewrite("\"precision\": \"fp8\"");
+  try {
+    train::load_checkpoint(dir);
+    ADD_FAILURE() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("precision must be float32 or bf16-mixed; got fp8"), std::string::npos) << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 

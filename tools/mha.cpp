@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train_cmd->add_option("--max-len", train.model.max_len, "Longest sequence of a learned position table")
       ->capture_default_str();
+  train_cmd->add_option("--precision", train.precision,
+                        "Matrix products: float32, or bf16-mixed (bfloat16 operands, float32 sums and master weights)")
+      ->check(CLI::IsMember({"float32", "bf16-mixed"}))
+      ->capture_default_str();
   train_cmd->add_option("--steps", train.train.steps, "Training steps")->capture_default_str();
   train_cmd->add_option("--batch", train.train.batch_size, "Sequences per step")->capture_default_str();
   train_cmd->add_option("--lr", train.train.lr, "Peak learning rate (AdamW)")->capture_default_str();

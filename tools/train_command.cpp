@@ -56,6 +56,7 @@ int run_train(TrainCommand& cmd) {
   } else {
     cmd.task_config.task = train::parse_task(cmd.task);
     cmd.model.position = nn::parse_position(cmd.position);
+    cmd.model.precision = nn::parse_precision(cmd.precision);
     cmd.model.vocab_size = train::kVocab;
     Generator gen(cmd.train.seed);
     model = std::make_unique<nn::LanguageModel>(cmd.model, gen);
@@ -65,9 +66,10 @@ int run_train(TrainCommand& cmd) {
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
   std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %lld layers, %s positions, "
-              "%lld parameters\n",
+              "%lld parameters, %s precision\n",
               cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
-              (long long)cmd.model.num_layers, nn::to_string(cmd.model.position).c_str(), (long long)parameters);
+              (long long)cmd.model.num_layers, nn::to_string(cmd.model.position).c_str(), (long long)parameters,
+              nn::to_string(cmd.model.precision).c_str());
   const auto save = [&](const train::TrainState& s) {
     train::save_checkpoint(cmd.out, *model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step}, &s);
   };

@@ -13,6 +13,7 @@ namespace mha::tools {
 struct TrainCommand {
   std::string task = "copy";
   std::string position = "sinusoidal";
+  std::string precision = "float32";  // or bf16-mixed
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;
   train::TrainConfig train;

@@ -34,7 +34,7 @@ void check_ids(const Tensor& ids, const char* fn) {
 LanguageModel::LanguageModel(const LanguageModelConfig& c, Generator& gen)
     : embedding({.num_embeddings = c.vocab_size, .embedding_dim = c.d_model, .dtype = c.dtype}, gen),
       norm({.normalized_shape = c.d_model, .dtype = c.dtype}),
-      head({.in_features = c.d_model, .out_features = c.vocab_size, .dtype = c.dtype}, gen),
+      head({.in_features = c.d_model, .out_features = c.vocab_size, .dtype = c.dtype, .precision = c.precision}, gen),
       config_(c) {
   check_config(c);
   const std::optional<double> rotary = c.position == Position::rope ? std::optional(c.rope_base) : std::nullopt;
@@ -42,7 +42,8 @@ LanguageModel::LanguageModel(const LanguageModelConfig& c, Generator& gen)
     layers.push_back(std::make_unique<TransformerEncoderLayer>(
         TransformerEncoderLayerConfig{.d_model = c.d_model, .nhead = c.nhead, .dim_feedforward = c.dim_feedforward,
                                       .dropout = c.dropout, .activation = c.activation, .batch_first = true,
-                                      .norm_first = c.norm_first, .dtype = c.dtype, .rotary_base = rotary},
+                                      .norm_first = c.norm_first, .dtype = c.dtype, .rotary_base = rotary,
+                                      .precision = c.precision},
         gen));
   // Drawn last, so that a sinusoidal model is initialised as before.
   if (c.position == Position::learned)
@@ -73,6 +74,7 @@ std::vector<NamedGenerator> LanguageModel::named_generators() {
 void LanguageModel::train(bool on) {
   Module::train(on);
   for (auto& l : layers) l->train(on);
+  head.train(on);
 }
 
 // Token embeddings plus absolute positions offset … offset + L − 1.

@@ -1,10 +1,12 @@
 // Linear: y = x Wᵀ + b through BLAS; backward dW += dyᵀ x, db += Σ dy, dx = dy W.
+// Under bf16_mixed the three products take bfloat16 operands (x, W, dy
+// rounded) and sum in float32; db sums the float32 dy.
 #include "mha/nn/linear.h"
 
 #include <cmath>
 
 #include "cpu/gemm.h"
-#include "nn/layer_util.h"
+#include "nn/mixed_precision.h"
 
 namespace mha::nn {
 
@@ -18,6 +20,7 @@ Linear::Linear(const LinearConfig& c, Generator& gen) : config_(c) {
   if (c.in_features <= 0) raise<ValueError>(kCtor, "in_features", "> 0", std::to_string(c.in_features));
   if (c.out_features <= 0) raise<ValueError>(kCtor, "out_features", "> 0", std::to_string(c.out_features));
   check_layer_dtype(c.dtype, kCtor);
+  check_precision(c.dtype, c.precision, kCtor);
   const double bound = 1.0 / std::sqrt(double(c.in_features));
   weight = rand_uniform({c.out_features, c.in_features}, gen, -bound, bound, c.dtype);
   weight_grad = Tensor::zeros(weight.shape(), c.dtype);
@@ -33,21 +36,30 @@ std::vector<NamedParameter> Linear::named_parameters() {
   return out;
 }
 
+void Linear::train(bool on) {
+  Module::train(on);
+  bf16_.clear();
+}
+
 Tensor Linear::forward(const Tensor& x) {
   check_input(x, kForward, "x", config_.dtype, config_.in_features);
-  saved_x_ = x.contiguous();
   const int64_t in = config_.in_features, out = config_.out_features, rows = x.numel() / in;
   Shape shape = x.shape();
   shape.back() = out;
   Tensor y = Tensor::empty(shape, config_.dtype);
-  dispatch_float(config_.dtype, [&](auto tag) {
+  dispatch_products(config_.dtype, config_.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
+    using A = decltype(operand_tag);
+    saved_x_ = as_operand<A>(x);
+    const Tensor& w = weight_operand<A>(weight, bf16_, 0, training_);
     T* yp = y.data<T>();
-    if (bias.defined())
+    if (bias.defined()) {
+      const T* b = bias.data<T>();
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < out; ++o) yp[r * out + o] = bias.data<T>()[o];
-    cpu::gemm<T>(false, true, rows, out, in, T(1), saved_x_.data<T>(), in, weight.data<T>(), in,
-                 bias.defined() ? T(1) : T(0), yp, out);
+        for (int64_t o = 0; o < out; ++o) yp[r * out + o] = b[o];
+    }
+    cpu::gemm(false, true, rows, out, in, T(1), saved_x_.data<A>(), in, w.data<A>(), in, bias.defined() ? T(1) : T(0),
+              yp, out);
   });
   return y;
 }
@@ -60,14 +72,19 @@ Tensor Linear::backward(const Tensor& dy_in) {
   const Tensor dy = dy_in.contiguous();
   const int64_t rows = dy.numel() / out;
   Tensor dx = Tensor::empty(saved_x_.shape(), config_.dtype);
-  dispatch_float(config_.dtype, [&](auto tag) {
+  dispatch_products(config_.dtype, config_.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
-    const T* d = dy.data<T>();
-    cpu::gemm<T>(true, false, out, in, rows, T(1), d, out, saved_x_.data<T>(), in, T(1), weight_grad.data<T>(), in);
-    if (bias.defined())
+    using A = decltype(operand_tag);
+    const Tensor d = as_operand<A>(dy);
+    const Tensor& w = weight_operand<A>(weight, bf16_, 0, false);
+    cpu::gemm(true, false, out, in, rows, T(1), d.data<A>(), out, saved_x_.data<A>(), in, T(1), weight_grad.data<T>(), in);
+    if (bias.defined()) {
+      const T* g = dy.data<T>();
+      T* db = bias_grad.data<T>();
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < out; ++o) bias_grad.data<T>()[o] += d[r * out + o];
-    cpu::gemm<T>(false, false, rows, in, out, T(1), d, out, weight.data<T>(), in, T(0), dx.data<T>(), in);
+        for (int64_t o = 0; o < out; ++o) db[o] += g[r * out + o];
+    }
+    cpu::gemm(false, false, rows, in, out, T(1), d.data<A>(), out, w.data<A>(), in, T(0), dx.data<T>(), in);
   });
   return dx;
 }

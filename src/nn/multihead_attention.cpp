@@ -1,13 +1,15 @@
 // MultiheadAttention: projections (BLAS), masks in torch's conventions, and
-// the attention core (mha::attention_forward/backward) per head.
+// the attention core (mha::attention_forward/backward) per head. The
+// products take operands of type A: the module's dtype T, or bfloat16 under
+// bf16_mixed precision (with float32 sums into T = float).
 #include "mha/nn/multihead_attention.h"
 
-#include <array>
 #include <cmath>
 
 #include "check.h"
 #include "cpu/gemm.h"
 #include "mha/nn/positional.h"
+#include "nn/mixed_precision.h"
 
 namespace mha::nn {
 
@@ -38,42 +40,43 @@ SeqLayout layout_of(const Shape& shape, bool batch_first) {
 }
 
 // y_n = x_n Wᵀ + b for each batch entry n; y is (N, L, D) contiguous.
-template <class T>
-void project(const T* x, const SeqLayout& xs, const T* w, const T* bias, int64_t D, T* y) {
+template <class T, class A>
+void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t D, T* y) {
   for (int64_t n = 0; n < xs.N; ++n) {
     T* yn = y + n * xs.L * D;
     if (bias) {
       for (int64_t l = 0; l < xs.L; ++l)
         for (int64_t e = 0; e < D; ++e) yn[l * D + e] = bias[e];
     }
-    cpu::gemm<T>(false, true, xs.L, D, xs.X, T(1), x + n * xs.batch_stride, xs.seq_stride, w, xs.X,
-                 bias ? T(1) : T(0), yn, D);
+    cpu::gemm(false, true, xs.L, D, xs.X, T(1), x + n * xs.batch_stride, xs.seq_stride, w, xs.X,
+              bias ? T(1) : T(0), yn, D);
   }
 }
 
-// Backward of project for rows [0, L) of dy (N, Ly, D):
+// Backward of project for rows [0, L) of dy (N, Ly, D), given as T (for
+// the bias) and as the operand dy_op:
 //   dW += Σ_n dy_nᵀ x_n,  db += Σ_n Σ_l dy_n,  dx_n = dy_n W.
-template <class T>
-void project_backward(const T* dy, int64_t Ly, const T* x, const SeqLayout& xs, const T* w, int64_t D,
-                      T* dw, T* dbias, T* dx) {
+template <class T, class A>
+void project_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, const A* w,
+                      int64_t D, T* dw, T* dbias, T* dx) {
   for (int64_t n = 0; n < xs.N; ++n) {
-    const T* dyn = dy + n * Ly * D;
-    cpu::gemm<T>(true, false, D, xs.X, xs.L, T(1), dyn, D, x + n * xs.batch_stride, xs.seq_stride, T(1), dw, xs.X);
+    const A* dyn = dy_op + n * Ly * D;
+    cpu::gemm(true, false, D, xs.X, xs.L, T(1), dyn, D, x + n * xs.batch_stride, xs.seq_stride, T(1), dw, xs.X);
     if (dbias)
       for (int64_t l = 0; l < xs.L; ++l)
-        for (int64_t e = 0; e < D; ++e) dbias[e] += dyn[l * D + e];
-    cpu::gemm<T>(false, false, xs.L, xs.X, D, T(1), dyn, D, w, xs.X, T(0), dx + n * xs.batch_stride, xs.seq_stride);
+        for (int64_t e = 0; e < D; ++e) dbias[e] += dy[(n * Ly + l) * D + e];
+    cpu::gemm(false, false, xs.L, xs.X, D, T(1), dyn, D, w, xs.X, T(0), dx + n * xs.batch_stride, xs.seq_stride);
   }
 }
 
 // output = heads Woᵀ + bo, heads (N, L, D) contiguous, output rows in layout os.
-template <class T>
-void project_out(const T* heads, const SeqLayout& os, const T* w, const T* bias, int64_t D, T* output) {
+template <class T, class A>
+void project_out(const A* heads, const SeqLayout& os, const A* w, const T* bias, int64_t D, T* output) {
   for (int64_t n = 0; n < os.N; ++n) {
     T* yn = output + n * os.batch_stride;
     for (int64_t l = 0; l < os.L; ++l)
       for (int64_t e = 0; e < D; ++e) yn[l * os.seq_stride + e] = bias ? bias[e] : T(0);
-    cpu::gemm<T>(false, true, os.L, D, D, T(1), heads + n * os.L * D, D, w, D, T(1), yn, os.seq_stride);
+    cpu::gemm(false, true, os.L, D, D, T(1), heads + n * os.L * D, D, w, D, T(1), yn, os.seq_stride);
   }
 }
 
@@ -94,6 +97,7 @@ void check_config(const MultiheadAttentionConfig& c) {
   if (c.vdim < 0) raise<ValueError>(kCtor, "vdim", ">= 0 (0 = embed_dim)", std::to_string(c.vdim));
   if (c.dtype != DType::float32 && c.dtype != DType::float64)
     raise<DtypeError>(kCtor, "dtype", "float32 or float64", to_string(c.dtype));
+  check_precision(c.dtype, c.precision, kCtor);
   if (c.rotary_base && !(*c.rotary_base > 0 && std::isfinite(*c.rotary_base)))
     raise<ValueError>(kCtor, "rotary_base", "finite and > 0", std::to_string(*c.rotary_base));
   if (c.rotary_base && (c.embed_dim / c.num_heads) % 2 != 0)
@@ -108,12 +112,14 @@ Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, Gener
 
 }  // namespace
 
+// The tensors below "operands" are of the products' operand type
+// (bfloat16 under bf16_mixed, else the module's dtype).
 struct MultiheadAttention::Saved {
-  Tensor query, key, value;  // contiguous inputs
+  Tensor query, key, value;  // operands: the inputs, contiguous
   SeqLayout qs, ks, vs;
   int64_t S_total = 0;        // S + add_bias_kv + add_zero_attn
-  Tensor q, k, v;             // projections: (N, L, D), (N, S_total, D)
-  Tensor heads;               // (N, L, D): the heads concatenated, input of out_proj
+  Tensor q, k, v;             // operands: projections (N, L, D), (N, S_total, D), after RoPE
+  Tensor heads;               // operand (N, L, D): the heads concatenated, input of out_proj
   AttentionOptions options;
   AttentionOutput attention;  // out (N, H, L, hd) and lse
   Shape output_shape;
@@ -158,6 +164,23 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, G
     out_proj_bias_grad = Tensor::zeros({D}, t);
   }
   dropout_gen_ = Generator(gen.next_u64());
+}
+
+void MultiheadAttention::train(bool on) {
+  Module::train(on);
+  bf16_.clear();
+}
+
+std::vector<Tensor> MultiheadAttention::product_weights(bool refresh) {
+  const int64_t D = config_.embed_dim;
+  const bool mixed = config_.precision == Precision::bf16_mixed;
+  auto operand = [&](const Tensor& w, size_t slot) { return mixed ? bf16_.get(slot, w, refresh) : w; };
+  const Tensor wo = operand(out_proj_weight, 0);
+  if (packed_) {
+    const Tensor w = operand(in_proj_weight, 1);
+    return {w.slice(0, 0, D), w.slice(0, D, 2 * D), w.slice(0, 2 * D, 3 * D), wo};
+  }
+  return {operand(q_proj_weight, 1), operand(k_proj_weight, 2), operand(v_proj_weight, 3), wo};
 }
 
 std::vector<NamedParameter> MultiheadAttention::named_parameters() {
@@ -305,15 +328,10 @@ void check_parameters(const char* fn, const std::vector<NamedParameter>& paramet
                         shape_string(p.grad->shape()), describe(*p.value));
 }
 
-// Wq, Wk, Wv (each (D, in_dim)) and the in-projection bias (3D) or null.
-template <class T>
-std::array<const T*, 4> in_projection(const MultiheadAttention& m) {
-  const int64_t D = m.config().embed_dim;
-  if (m.packed_in_proj()) {
-    const T* w = m.in_proj_weight.data<T>();
-    return {w, w + D * D, w + 2 * D * D, ptr_or_null<T>(m.in_proj_bias)};
-  }
-  return {m.q_proj_weight.data<T>(), m.k_proj_weight.data<T>(), m.v_proj_weight.data<T>(), ptr_or_null<T>(m.in_proj_bias)};
+// Key and value are often the query tensor itself (self-attention): then
+// they share its operand copy.
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.raw_data() == b.raw_data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
 }
 
 // RoPE through the (N, H, R, hd) view of rows [begin, end) of t (N, R, D),
@@ -336,7 +354,6 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
 
   auto saved = std::make_shared<Saved>();
   Saved& s = *saved;
-  s.query = query.contiguous(), s.key = key.contiguous(), s.value = value.contiguous();
   s.qs = layout_of(query.shape(), c.batch_first);
   s.ks = layout_of(key.shape(), c.batch_first);
   s.vs = layout_of(value.shape(), c.batch_first);
@@ -361,43 +378,48 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     s.options.dropout_seed = dropout_gen_.next_u64();
   }
 
-  s.q = Tensor::empty({N, L, D}, c.dtype);
-  s.k = Tensor::zeros({N, s.S_total, D}, c.dtype);
-  s.v = Tensor::zeros({N, s.S_total, D}, c.dtype);
-  s.heads = Tensor::empty({N, L, D}, c.dtype);
   s.output_shape = query.shape();
   Tensor output = Tensor::empty(s.output_shape, c.dtype);
 
-  auto run = [&](auto tag) {
+  dispatch_products(c.dtype, c.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
-    const auto [wq, wk, wv, b] = in_projection<T>(*this);
-    project<T>(s.query.data<T>(), s.qs, wq, b, D, s.q.data<T>());
+    using A = decltype(operand_tag);
+    s.query = as_operand<A>(query);
+    s.key = same_view(key, query) ? s.query : as_operand<A>(key);
+    s.value = same_view(value, key) ? s.key : as_operand<A>(value);
+    const std::vector<Tensor> w = product_weights(training_);
+    const T* b = ptr_or_null<T>(in_proj_bias);
+    Tensor q = Tensor::empty({N, L, D}, c.dtype), k = Tensor::zeros({N, s.S_total, D}, c.dtype),
+           v = Tensor::zeros({N, s.S_total, D}, c.dtype);
+    project<T, A>(s.query.data<A>(), s.qs, w[0].data<A>(), b, D, q.data<T>());
     // k and v hold S_total rows per batch entry: project each entry's S rows,
     // then bias_k / bias_v, then the zero row (already zero).
     for (int64_t n = 0; n < N; ++n) {
       SeqLayout one = s.ks;
       one.N = 1;
-      project<T>(s.key.data<T>() + n * s.ks.batch_stride, one, wk, b ? b + D : nullptr, D, s.k.data<T>() + n * s.S_total * D);
+      project<T, A>(s.key.data<A>() + n * s.ks.batch_stride, one, w[1].data<A>(), b ? b + D : nullptr, D,
+                    k.data<T>() + n * s.S_total * D);
       one = s.vs;
       one.N = 1;
-      project<T>(s.value.data<T>() + n * s.vs.batch_stride, one, wv, b ? b + 2 * D : nullptr, D, s.v.data<T>() + n * s.S_total * D);
+      project<T, A>(s.value.data<A>() + n * s.vs.batch_stride, one, w[2].data<A>(), b ? b + 2 * D : nullptr, D,
+                    v.data<T>() + n * s.S_total * D);
       if (c.add_bias_kv)
         for (int64_t e = 0; e < D; ++e) {
-          s.k.data<T>()[(n * s.S_total + S) * D + e] = bias_k.data<T>()[e];
-          s.v.data<T>()[(n * s.S_total + S) * D + e] = bias_v.data<T>()[e];
+          k.data<T>()[(n * s.S_total + S) * D + e] = bias_k.data<T>()[e];
+          v.data<T>()[(n * s.S_total + S) * D + e] = bias_v.data<T>()[e];
         }
     }
     if (c.rotary_base) {
-      rotate_rows(s.q, H, 0, L, 0, *c.rotary_base);
-      rotate_rows(s.k, H, 0, S, 0, *c.rotary_base);
+      rotate_rows(q, H, 0, L, 0, *c.rotary_base);
+      rotate_rows(k, H, 0, S, 0, *c.rotary_base);
     }
+    s.q = as_operand<A>(q), s.k = as_operand<A>(k), s.v = as_operand<A>(v);
     s.attention = attention_forward(split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), s.options);
+    s.heads = Tensor::empty({N, L, D}, s.q.dtype());
     split_heads(s.heads, H).copy_(s.attention.out);
-    project_out<T>(s.heads.data<T>(), layout_of(s.output_shape, c.batch_first), out_proj_weight.data<T>(),
-                   ptr_or_null<T>(out_proj_bias), D, output.data<T>());
-  };
-  if (c.dtype == DType::float64) run(double{});
-  else run(float{});
+    project_out<T, A>(s.heads.data<A>(), layout_of(s.output_shape, c.batch_first), w[3].data<A>(),
+                      ptr_or_null<T>(out_proj_bias), D, output.data<T>());
+  });
 
   MultiheadAttentionOutput result;
   result.output = output;
@@ -410,8 +432,9 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
       for (int64_t n = 0; n < N; ++n)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t x = 0; x < L * s.S_total; ++x) a[n * L * s.S_total + x] += all[size_t((n * H + h) * L * s.S_total + x)] / double(H);
-      w = avg.to(c.dtype);
+      w = avg;
     }
+    w = w.to(c.dtype);  // bfloat16 under bf16_mixed
     result.weights = rank == 2 ? w.select(0, 0) : w;
   }
   saved_ = std::move(saved);
@@ -433,25 +456,30 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
   g.dkey = Tensor::empty(s.key.shape(), c.dtype);
   g.dvalue = Tensor::empty(s.value.shape(), c.dtype);
 
-  auto run = [&](auto tag) {
+  dispatch_products(c.dtype, c.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
+    using A = decltype(operand_tag);
+    const std::vector<Tensor> w = product_weights(false);
     const SeqLayout os = layout_of(s.output_shape, c.batch_first);
     // out_proj: y_n = heads_n Woᵀ + bo.
     Tensor dheads = Tensor::empty({N, L, D}, c.dtype);
+    const Tensor dy_op = as_operand<A>(dy);
     T* dbo = mut_ptr_or_null<T>(out_proj_bias_grad);
     for (int64_t n = 0; n < N; ++n) {
-      const T* dyn = dy.data<T>() + n * os.batch_stride;
-      cpu::gemm<T>(false, false, L, D, D, T(1), dyn, os.seq_stride, out_proj_weight.data<T>(), D, T(0),
-                   dheads.data<T>() + n * L * D, D);
-      cpu::gemm<T>(true, false, D, D, L, T(1), dyn, os.seq_stride, s.heads.data<T>() + n * L * D, D, T(1),
-                   out_proj_weight_grad.data<T>(), D);
-      if (dbo)
+      const A* dyn = dy_op.data<A>() + n * os.batch_stride;
+      cpu::gemm(false, false, L, D, D, T(1), dyn, os.seq_stride, w[3].data<A>(), D, T(0), dheads.data<T>() + n * L * D, D);
+      cpu::gemm(true, false, D, D, L, T(1), dyn, os.seq_stride, s.heads.data<A>() + n * L * D, D, T(1),
+                out_proj_weight_grad.data<T>(), D);
+      if (dbo) {
+        const T* dy_rows = dy.data<T>() + n * os.batch_stride;
         for (int64_t l = 0; l < L; ++l)
-          for (int64_t e = 0; e < D; ++e) dbo[e] += dyn[l * os.seq_stride + e];
+          for (int64_t e = 0; e < D; ++e) dbo[e] += dy_rows[l * os.seq_stride + e];
+      }
     }
     const bool bias_grad = !s.bias_shape.empty();
-    const AttentionGradients ag = attention_backward(split_heads(dheads, H), split_heads(s.q, H), split_heads(s.k, H),
-                                                     split_heads(s.v, H), s.attention, s.options, bias_grad);
+    const AttentionGradients ag = attention_backward(split_heads(as_operand<A>(dheads), H), split_heads(s.q, H),
+                                                     split_heads(s.k, H), split_heads(s.v, H), s.attention, s.options,
+                                                     bias_grad);
     if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
     Tensor dq = Tensor::empty({N, L, D}, c.dtype), dk = Tensor::empty({N, s.S_total, D}, c.dtype),
            dv = Tensor::empty({N, s.S_total, D}, c.dtype);
@@ -469,27 +497,25 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
           bias_v_grad.data<T>()[e] += dv.data<T>()[(n * s.S_total + S) * D + e];
         }
     T* dw = packed_ ? in_proj_weight_grad.data<T>() : nullptr;
-    const T* w = packed_ ? in_proj_weight.data<T>() : nullptr;
     T* db = mut_ptr_or_null<T>(in_proj_bias_grad);
-    project_backward<T>(dq.data<T>(), L, s.query.data<T>(), s.qs, packed_ ? w : q_proj_weight.data<T>(), D,
-                        packed_ ? dw : q_proj_weight_grad.data<T>(), db, g.dquery.data<T>());
+    const Tensor dq_op = as_operand<A>(dq), dk_op = as_operand<A>(dk), dv_op = as_operand<A>(dv);
+    project_backward<T, A>(dq.data<T>(), dq_op.data<A>(), L, s.query.data<A>(), s.qs, w[0].data<A>(), D,
+                           packed_ ? dw : q_proj_weight_grad.data<T>(), db, g.dquery.data<T>());
     for (int64_t n = 0; n < N; ++n) {
+      const int64_t rows = n * s.S_total * D;
       SeqLayout one = s.ks;
       one.N = 1;
-      project_backward<T>(dk.data<T>() + n * s.S_total * D, s.S_total, s.key.data<T>() + n * s.ks.batch_stride, one,
-                          packed_ ? w + D * D : k_proj_weight.data<T>(), D,
-                          packed_ ? dw + D * D : k_proj_weight_grad.data<T>(), db ? db + D : nullptr,
-                          g.dkey.data<T>() + n * s.ks.batch_stride);
+      project_backward<T, A>(dk.data<T>() + rows, dk_op.data<A>() + rows, s.S_total, s.key.data<A>() + n * s.ks.batch_stride,
+                             one, w[1].data<A>(), D, packed_ ? dw + D * D : k_proj_weight_grad.data<T>(),
+                             db ? db + D : nullptr, g.dkey.data<T>() + n * s.ks.batch_stride);
       one = s.vs;
       one.N = 1;
-      project_backward<T>(dv.data<T>() + n * s.S_total * D, s.S_total, s.value.data<T>() + n * s.vs.batch_stride, one,
-                          packed_ ? w + 2 * D * D : v_proj_weight.data<T>(), D,
-                          packed_ ? dw + 2 * D * D : v_proj_weight_grad.data<T>(), db ? db + 2 * D : nullptr,
-                          g.dvalue.data<T>() + n * s.vs.batch_stride);
+      project_backward<T, A>(dv.data<T>() + rows, dv_op.data<A>() + rows, s.S_total,
+                             s.value.data<A>() + n * s.vs.batch_stride, one, w[2].data<A>(), D,
+                             packed_ ? dw + 2 * D * D : v_proj_weight_grad.data<T>(), db ? db + 2 * D : nullptr,
+                             g.dvalue.data<T>() + n * s.vs.batch_stride);
     }
-  };
-  if (c.dtype == DType::float64) run(double{});
-  else run(float{});
+  });
   return g;
 }
 
@@ -523,44 +549,43 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const
   const SeqLayout xs = layout_of(x.shape(), c.batch_first);
   const int64_t N = xs.N, L = xs.L, past = cache.length, S = past + L;
   if (past < 0) raise<ValueError>(kForwardCached, "cache.length", ">= 0", std::to_string(past));
+  const DType cache_dtype = operand_dtype(c.dtype, c.precision);
   const bool fits = cache.key.defined() && cache.key.size(0) == N && cache.key.size(2) == D &&
-                    cache.key.dtype() == c.dtype && cache.value.shape() == cache.key.shape();
+                    cache.key.dtype() == cache_dtype && cache.value.shape() == cache.key.shape();
   if (past > 0 && !fits)
     raise<ShapeError>(kForwardCached, "cache", "keys and values (N, capacity, D) with N = " + std::to_string(N) +
-                      " (x's batch), D = " + std::to_string(D) + ", " + to_string(c.dtype), describe(cache.key));
+                      " (x's batch), D = " + std::to_string(D) + ", " + to_string(cache_dtype), describe(cache.key));
   if (in.attn_bias.defined()) check_attn_bias(kForwardCached, in.attn_bias, N, H, L, S, c.dtype);
   if (!fits) cache = {};
-  reserve(cache, N, S, D, c.dtype);
-  const int64_t capacity = cache.key.size(1);
+  reserve(cache, N, S, D, cache_dtype);
 
-  const Tensor xc = x.contiguous();
-  Tensor q = Tensor::empty({N, L, D}, c.dtype), heads = Tensor::empty({N, L, D}, c.dtype);
   Tensor output = Tensor::empty(x.shape(), c.dtype);
   AttentionOptions options{.mask = in.attn_bias, .causal = in.is_causal ? Causal::bottom_right : Causal::none};
-  auto run = [&](auto tag) {
+  dispatch_products(c.dtype, c.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
-    const auto [wq, wk, wv, b] = in_projection<T>(*this);
-    project<T>(xc.data<T>(), xs, wq, b, D, q.data<T>());
-    // The new keys and values go straight into the cache's rows past … S − 1.
-    SeqLayout one = xs;
-    one.N = 1;
-    for (int64_t n = 0; n < N; ++n) {
-      const T* xn = xc.data<T>() + n * xs.batch_stride;
-      project<T>(xn, one, wk, b ? b + D : nullptr, D, cache.key.data<T>() + (n * capacity + past) * D);
-      project<T>(xn, one, wv, b ? b + 2 * D : nullptr, D, cache.value.data<T>() + (n * capacity + past) * D);
-    }
+    using A = decltype(operand_tag);
+    const std::vector<Tensor> w = product_weights(training_);
+    const T* b = ptr_or_null<T>(in_proj_bias);
+    const Tensor x_op = as_operand<A>(x);
+    Tensor q = Tensor::empty({N, L, D}, c.dtype), k = Tensor::empty({N, L, D}, c.dtype),
+           v = Tensor::empty({N, L, D}, c.dtype);
+    project<T, A>(x_op.data<A>(), xs, w[0].data<A>(), b, D, q.data<T>());
+    project<T, A>(x_op.data<A>(), xs, w[1].data<A>(), b ? b + D : nullptr, D, k.data<T>());
+    project<T, A>(x_op.data<A>(), xs, w[2].data<A>(), b ? b + 2 * D : nullptr, D, v.data<T>());
     if (c.rotary_base) {
       rotate_rows(q, H, 0, L, past, *c.rotary_base);
-      rotate_rows(cache.key, H, past, S, past, *c.rotary_base);
+      rotate_rows(k, H, 0, L, past, *c.rotary_base);
     }
-    const AttentionOutput a = attention_forward(split_heads(q, H), split_heads(cache.key, H).slice(2, 0, S),
+    // The new keys and values become the cache's rows past … S − 1.
+    cache.key.slice(1, past, S).copy_(k);
+    cache.value.slice(1, past, S).copy_(v);
+    const AttentionOutput a = attention_forward(split_heads(as_operand<A>(q), H), split_heads(cache.key, H).slice(2, 0, S),
                                                 split_heads(cache.value, H).slice(2, 0, S), options);
+    Tensor heads = Tensor::empty({N, L, D}, cache_dtype);
     split_heads(heads, H).copy_(a.out);
-    project_out<T>(heads.data<T>(), layout_of(x.shape(), c.batch_first), out_proj_weight.data<T>(),
-                    ptr_or_null<T>(out_proj_bias), D, output.data<T>());
-  };
-  if (c.dtype == DType::float64) run(double{});
-  else run(float{});
+    project_out<T, A>(heads.data<A>(), layout_of(x.shape(), c.batch_first), w[3].data<A>(),
+                      ptr_or_null<T>(out_proj_bias), D, output.data<T>());
+  });
   cache.length = S;
   return output;
 }

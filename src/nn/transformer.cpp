@@ -30,7 +30,11 @@ namespace {
 // Rotary positions apply to self-attention only.
 MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c, bool self_attention) {
   return {.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = c.dropout, .batch_first = c.batch_first,
-          .dtype = c.dtype, .rotary_base = self_attention ? c.rotary_base : std::nullopt};
+          .dtype = c.dtype, .rotary_base = self_attention ? c.rotary_base : std::nullopt, .precision = c.precision};
+}
+
+LinearConfig feed_forward_config(const TransformerEncoderLayerConfig& c, int64_t in, int64_t out) {
+  return {.in_features = in, .out_features = out, .dtype = c.dtype, .precision = c.precision};
 }
 
 // dropout(attention(q, kv, kv)): one attention block of a layer; per-head
@@ -89,8 +93,8 @@ Tensor encoder_blocks(bool norm_first, LayerNorm& norm1, LayerNorm& norm2, const
 
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerConfig& c, Generator& gen)
     : self_attn(attention_config(c, true), gen),
-      linear1({.in_features = c.d_model, .out_features = c.dim_feedforward, .dtype = c.dtype}, gen),
-      linear2({.in_features = c.dim_feedforward, .out_features = c.d_model, .dtype = c.dtype}, gen),
+      linear1(feed_forward_config(c, c.d_model, c.dim_feedforward), gen),
+      linear2(feed_forward_config(c, c.dim_feedforward, c.d_model), gen),
       norm1({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
       norm2({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
       dropout(c.dropout, gen),
@@ -164,8 +168,8 @@ Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
 TransformerDecoderLayer::TransformerDecoderLayer(const TransformerDecoderLayerConfig& c, Generator& gen)
     : self_attn(attention_config(c, true), gen),
       multihead_attn(attention_config(c, false), gen),
-      linear1({.in_features = c.d_model, .out_features = c.dim_feedforward, .dtype = c.dtype}, gen),
-      linear2({.in_features = c.dim_feedforward, .out_features = c.d_model, .dtype = c.dtype}, gen),
+      linear1(feed_forward_config(c, c.d_model, c.dim_feedforward), gen),
+      linear2(feed_forward_config(c, c.dim_feedforward, c.d_model), gen),
       norm1({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
       norm2({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),
       norm3({.normalized_shape = c.d_model, .eps = c.layer_norm_eps, .dtype = c.dtype}),

@@ -31,7 +31,8 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
             {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
             {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"}, {"norm_first", m.norm_first},
             {"dtype", to_string(m.dtype)}, {"position", nn::to_string(m.position)}, {"max_len", m.max_len},
-            {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance}, {"rope_base", m.rope_base}}},
+            {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance}, {"rope_base", m.rope_base},
+            {"precision", nn::to_string(m.precision)}}},
           {"task",
            {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length},
             {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"reversed_sum", info.task.reversed_sum},
@@ -70,6 +71,15 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     mc.num_buckets = m.value("num_buckets", mc.num_buckets);
     mc.max_distance = m.value("max_distance", mc.max_distance);
     mc.rope_base = m.value("rope_base", mc.rope_base);
+    // Checkpoints from before mixed precision are float32.
+    const std::string precision = m.value("precision", "float32");
+    try {
+      mc.precision = nn::parse_precision(precision);
+    } catch (const ValueError&) {
+      bad(path, "precision must be float32 or bf16-mixed; got " + precision);
+    }
+    if (mc.precision == nn::Precision::bf16_mixed && mc.dtype != DType::float32)
+      bad(path, "precision bf16-mixed needs dtype float32; got " + dtype);
     const auto& t = c.at("task");
     info.task.task = parse_task(t.at("task").get<std::string>());
     info.task.min_length = t.at("min_length").get<int64_t>();

@@ -36,6 +36,9 @@ struct LanguageModelConfig {
   int64_t num_buckets = 32;    // relative: T5's defaults
   int64_t max_distance = 128;  // relative
   double rope_base = 10000.0;  // rope
+  // bf16_mixed: every layer's products and the head's take bfloat16
+  // operands (mha/nn/precision.h); embeddings, norms and logits stay float32.
+  Precision precision = Precision::float32;
 };
 
 class LanguageModel : public Module {

@@ -1,9 +1,11 @@
 // Linear: y = x Wᵀ + b, as torch.nn.Linear.
 //   x (…, in_features) → y (…, out_features); weight (out, in), bias (out).
-//   Saved for backward: x.
+//   Saved for backward: x (under bf16_mixed its bfloat16 copy, half the
+//   memory: the dW product reads nothing more).
 #pragma once
 
 #include "mha/nn/module.h"
+#include "mha/nn/precision.h"
 #include "mha/random.h"
 
 namespace mha::nn {
@@ -13,6 +15,7 @@ struct LinearConfig {
   int64_t out_features = 0;
   bool bias = true;
   DType dtype = DType::float32;  // float32 or float64
+  Precision precision = Precision::float32;  // bf16_mixed: x·Wᵀ, dX and dW with bfloat16 operands
 };
 
 class Linear : public Module {
@@ -25,12 +28,14 @@ class Linear : public Module {
 
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  void train(bool on = true) override;  // also drops the bfloat16 weight copy
 
   Tensor weight, bias, weight_grad, bias_grad;
 
  private:
   LinearConfig config_;
   Tensor saved_x_;
+  Bf16Weights bf16_;
 };
 
 }  // namespace mha::nn

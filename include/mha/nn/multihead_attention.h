@@ -24,6 +24,7 @@
 
 #include "mha/attention.h"
 #include "mha/nn/module.h"
+#include "mha/nn/precision.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
@@ -45,6 +46,11 @@ struct MultiheadAttentionConfig {
   // sit at positions l and s (in forward_cached: cache.length + the new row).
   // Needs an even head dim; bias_k / the zero row are not rotated.
   std::optional<double> rotary_base;
+  // bf16_mixed: the projections and the attention core take bfloat16
+  // operands (q, k, v rounded after RoPE) with float32 sums; the output, the
+  // returned weights and every gradient stay float32 (mha/nn/precision.h).
+  // Saved for backward then in bfloat16: the inputs, q, k, v and the heads.
+  Precision precision = Precision::float32;
 };
 
 struct MultiheadAttentionInputs {
@@ -71,7 +77,8 @@ struct MultiheadAttentionInputGradients {
 };
 
 // Keys and values of the tokens decoded so far, as forward_cached projected
-// (and rotated) them: (N, capacity, D) buffers whose first `length` rows hold
+// (and rotated) them: (N, capacity, D) buffers (bfloat16 under bf16_mixed,
+// else the module's dtype) whose first `length` rows hold
 // tokens 0 … length − 1. The capacity doubles when full, so appending a token
 // costs O(D) amortised. An empty cache ({}) starts a sequence.
 struct KVCache {
@@ -116,6 +123,8 @@ class MultiheadAttention : public Module {
   // O(cache.length · D) work per new token.
   Tensor forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& inputs = {});
 
+  void train(bool on = true) override;  // also drops the bfloat16 weight copies
+
   // Parameters, public so that tests and tools can set them.
   Tensor in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias;
   Tensor bias_k, bias_v, out_proj_weight, out_proj_bias;
@@ -128,6 +137,11 @@ class MultiheadAttention : public Module {
   bool packed_ = true;
   Generator dropout_gen_;
   std::shared_ptr<Saved> saved_;
+  Bf16Weights bf16_;
+
+  // Wq, Wk, Wv, Wo as the products' operands: the parameters, or under
+  // bf16_mixed their bfloat16 copies (made afresh when `refresh`).
+  std::vector<Tensor> product_weights(bool refresh);
 };
 
 }  // namespace mha::nn

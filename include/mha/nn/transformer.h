@@ -35,6 +35,7 @@ struct TransformerEncoderLayerConfig {
   bool norm_first = false;
   DType dtype = DType::float32;  // float32 or float64
   std::optional<double> rotary_base;  // RoPE in self-attention (MultiheadAttentionConfig::rotary_base)
+  Precision precision = Precision::float32;  // of the attention blocks and linear1/linear2 (mha/nn/precision.h)
 };
 
 // ReLU or GELU, chosen at construction.
