@@ -167,7 +167,7 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
   const train::TrainResult r = train::train(
       model, data, {.steps = 400, .batch_size = 32, .lr = 1e-2, .min_lr = 1e-3, .warmup = 30, .eval_every = 100});
   ASSERT_GE(r.heldout_exact_match, 0.95);
-  std::vector<std::vector<int64_t>> hits(model.layers.size(), std::vector<int64_t>(2, 0));
+  std::vector<std::vector<int64_t>> hits(model.transformer.layers.size(), std::vector<int64_t>(2, 0));
   int64_t targets = 0;
   for (const train::Example& e : data.heldout()) {
     const train::Batch b = train::make_batch({e});
@@ -176,7 +176,7 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
     model.forward(ids, true);
     const int64_t sep = 1 + int64_t(e.input.size()), n = int64_t(e.output.size());
     targets += n;
-    for (size_t layer = 0; layer < model.layers.size(); ++layer) {
+    for (size_t layer = 0; layer < model.transformer.layers.size(); ++layer) {
       const Tensor& w = model.attention_weights()[layer];  // (1, H, T, T)
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t k = 0; k < n; ++k) {

@@ -25,6 +25,7 @@ class Linear : public Module {
 
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  void release_activations() override { saved_x_ = Tensor(); }
 
   Tensor weight, bias, weight_grad, bias_grad;
 
