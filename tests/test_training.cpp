@@ -147,7 +147,8 @@ TEST(Tasks, HeldOutNeverInTrainingAndBatchesAreShifted) {
 TEST(Trainer, LearnsToCopyShortSequences) {
   train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 40}, 1);
   Generator g(1);
-  LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64}, g);
+  LanguageModel network({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64}, g);
+  train::DecoderOnly model(network);
   const double before = train::exact_match(model, data.heldout());
   const train::TrainResult r =
       train::train(model, data, {.steps = 300, .batch_size = 16, .lr = 1e-2, .min_lr = 1e-3, .warmup = 20, .eval_every = 100});
@@ -164,8 +165,9 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
   train::TaskData data({.task = train::Task::copy, .min_length = 4, .max_length = 6, .heldout = 64}, 2);
   Generator g(2);
   LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 2, .dim_feedforward = 64}, g);
+  train::DecoderOnly task_model(model);
   const train::TrainResult r = train::train(
-      model, data, {.steps = 400, .batch_size = 32, .lr = 1e-2, .min_lr = 1e-3, .warmup = 30, .eval_every = 100});
+      task_model, data, {.steps = 400, .batch_size = 32, .lr = 1e-2, .min_lr = 1e-3, .warmup = 30, .eval_every = 100});
   ASSERT_GE(r.heldout_exact_match, 0.95);
   std::vector<std::vector<int64_t>> hits(model.transformer.layers.size(), std::vector<int64_t>(2, 0));
   int64_t targets = 0;
@@ -203,7 +205,7 @@ LanguageModelConfig small_model(double dropout = 0.0, DType dtype = DType::float
           .dropout = dropout, .dtype = dtype};
 }
 
-void expect_same_parameters(LanguageModel& a, LanguageModel& b) {
+void expect_same_parameters(Module& a, Module& b) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(max_abs_diff(*pa[i].value, *pb[i].value), 0.0) << pa[i].name;
@@ -217,7 +219,8 @@ TEST(Trainer, GradientAccumulationEqualsOneBatch) {
   std::vector<train::Example> examples;
   for (int i = 0; i < 10; ++i) examples.push_back(data.sample(g));  // lengths differ: padding differs per micro-batch
   Generator init(4);
-  LanguageModel model(small_model(0.0, DType::float64), init);
+  LanguageModel network(small_model(0.0, DType::float64), init);
+  train::DecoderOnly model(network);
   const train::StepLoss whole = train::accumulate_gradients(model, examples, 10);
   std::vector<Tensor> want;
   for (auto& p : model.named_parameters()) want.push_back(p.grad->clone());
@@ -240,7 +243,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
                                   .stop_when_perfect = false, .accumulate = 2, .checkpoint_every = 6};
   const std::string dir = temp_dir("mha_resume_");
   Generator g1(6);
-  LanguageModel straight(small_model(0.1), g1);
+  train::DecoderOnly straight(std::make_unique<LanguageModel>(small_model(0.1), g1));
   train::TrainState end_state;
   train::train(straight, data, config, {}, &end_state, [&](const train::TrainState& s) {
     if (s.step == 6) train::save_checkpoint(dir, straight, {.model = small_model(0.1), .task = task, .seed = 5, .steps = 6}, &s);
@@ -263,7 +266,7 @@ TEST(Checkpoint, AnInterruptedSaveFallsBackToTheWholeTrainingState) {
   const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 5};
   const std::string dir = temp_dir("mha_torn_");
   Generator g(7);
-  LanguageModel model(small_model(), g);
+  train::DecoderOnly model(std::make_unique<LanguageModel>(small_model(), g));
   train::TrainState state;
   for (auto& p : model.named_parameters()) {
     state.exp_avg.push_back(Tensor::zeros(p.value->shape()));
