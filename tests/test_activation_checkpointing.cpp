@@ -2,6 +2,7 @@
 // checkpointed layer or model equals the plain one's bit for bit, step after
 // step (the generators advance alike), and a checkpointed forward frees the
 // layers' intermediates.
+#include "cpu/allocator.h"
 #include "testing.h"
 
 using namespace mha;
@@ -106,4 +107,40 @@ TEST(ActivationCheckpointing, ModelGradientsAreBitIdentical) {
       expect_same_gradients(plain_seq2seq, checkpointed_seq2seq, "encoder-decoder " + where);
     }
   }
+}
+
+namespace {
+
+// Bytes that a forward of a fresh model leaves allocated: what its layers
+// keep for backward, plus what the rest keeps and the logits.
+int64_t held_by_forward(const LanguageModelConfig& c, const Tensor& ids) {
+  Generator g(1);
+  LanguageModel model(c, g);
+  const int64_t before = int64_t(cpu::host_bytes_in_use());
+  const Tensor logits = model.forward(ids);
+  return int64_t(cpu::host_bytes_in_use()) - before;
+}
+
+}  // namespace
+
+TEST(ActivationCheckpointing, EachLayerHoldsOnlyItsInput) {
+  const int64_t B = 4, L = 32, D = 32;
+  std::vector<double> tokens(size_t(B * L));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = double(i % 7);
+  const Tensor ids = Tensor::from_values(tokens, {B, L}, DType::int64);
+  // What one more layer adds: the difference between 4 and 2 layers, halved.
+  auto per_layer = [&](bool checkpoint) {
+    LanguageModelConfig c{.vocab_size = 7, .d_model = D, .nhead = 4, .dim_feedforward = 4 * D, .dropout = 0.1,
+                          .dtype = DType::float64, .checkpoint_activations = checkpoint};
+    c.num_layers = 4;
+    const int64_t four = held_by_forward(c, ids);
+    c.num_layers = 2;
+    return (four - held_by_forward(c, ids)) / 2;
+  };
+  const int64_t input = B * L * D * int64_t(sizeof(double)), plain = per_layer(false), checkpointed = per_layer(true);
+  std::printf("  bytes a layer holds between forward and backward (B %lld, L %lld, D %lld, float64): %lld without "
+              "checkpointing, %lld with (its input: %lld)\n",
+              (long long)B, (long long)L, (long long)D, (long long)plain, (long long)checkpointed, (long long)input);
+  EXPECT_LE(checkpointed, input + 1024);
+  EXPECT_GE(plain, 10 * input);
 }
