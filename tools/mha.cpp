@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
                       "backward (less memory, about one more forward of compute)");
   train_cmd->add_option("--ff", train.model.dim_feedforward, "Feed-forward dimension")->capture_default_str();
   train_cmd->add_option("--dropout", train.model.dropout, "Dropout")->capture_default_str();
-  train_cmd->add_flag("--post-ln,!--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
+  train_cmd->add_flag("!--post-ln,--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
   train_cmd->add_option("--position", train.position, "Position information: sinusoidal, learned, relative, rope or alibi")
       ->check(CLI::IsMember({"sinusoidal", "learned", "relative", "rope", "alibi"}))
       ->capture_default_str();

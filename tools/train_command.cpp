@@ -76,10 +76,11 @@ int run_train(TrainCommand& cmd) {
                                  ? std::to_string(cmd.model.num_layers) + " layers"
                                  : "encoder-decoder, " + std::to_string(cmd.encoder_layers) + " encoder and " +
                                        std::to_string(cmd.model.num_layers) + " decoder layers";
-  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %s, %s positions, "
+  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %s, %s positions, %s, "
               "%lld parameters%s\n",
               cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
-              layers.c_str(), nn::to_string(cmd.model.position).c_str(), (long long)parameters,
+              layers.c_str(), nn::to_string(cmd.model.position).c_str(), cmd.model.norm_first ? "Pre-LN" : "Post-LN",
+              (long long)parameters,
               cmd.model.checkpoint_activations ? ", activation checkpointing" : "");
   const auto save = [&](const train::TrainState& s) {
     train::save_checkpoint(cmd.out, *model,
