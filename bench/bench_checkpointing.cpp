@@ -49,8 +49,8 @@ Figures measure(nn::Module& model, const std::function<Tensor()>& forward, const
   return f;
 }
 
-void row(const char* model, int64_t layers, bool checkpoint, const Figures& f, const Figures& plain) {
-  std::printf("| %-15s | %6lld | %-3s | %9.1f | %9.1f | %8.1f | %s |\n", model, (long long)layers, checkpoint ? "on" : "off",
+void row(const char* model, const std::string& layers, bool checkpoint, const Figures& f, const Figures& plain) {
+  std::printf("| %-15s | %6s | %-3s | %9.1f | %9.1f | %8.1f | %s |\n", model, layers.c_str(), checkpoint ? "on" : "off",
               f.held_mib, f.peak_mib, f.ms,
               checkpoint ? (std::to_string(int(100 * f.ms / plain.ms + 0.5)) + "%").c_str() : "100%");
 }
@@ -76,10 +76,10 @@ int main(int argc, char** argv) {
       const Figures f = measure(model, [&] { return model.forward(tgt); }, [&](const Tensor& d) { model.backward(d); },
                                 targets, int(repeats));
       if (!checkpoint) plain = f;
-      row("decoder-only", layers, checkpoint, f, plain);
+      row("decoder-only", std::to_string(layers), checkpoint, f, plain);
     }
   }
-  for (int64_t layers : {4, 8}) {
+  for (int64_t layers : {4, 8}) {  // half in the encoder, half in the decoder
     Figures plain;
     for (bool checkpoint : {false, true}) {
       const nn::LanguageModelConfig c{.vocab_size = vocab, .d_model = D, .nhead = 8, .num_layers = layers / 2,
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       const Figures f = measure(model, [&] { return model.forward(src, tgt); },
                                 [&](const Tensor& d) { model.backward(d); }, targets, int(repeats));
       if (!checkpoint) plain = f;
-      row("encoder-decoder", layers, checkpoint, f, plain);
+      row("encoder-decoder", std::to_string(layers / 2) + " + " + std::to_string(layers / 2), checkpoint, f, plain);
     }
   }
   return 0;
