@@ -28,6 +28,17 @@ EncoderDecoderModel small_model(const LanguageModelConfig& decoder, uint64_t see
   return EncoderDecoderModel({.decoder = decoder, .num_encoder_layers = 1}, g);
 }
 
+// f raises E with exactly this message.
+template <class E, class F>
+void expect_message(F&& f, const std::string& message) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected " << message;
+  } catch (const E& e) {
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+}
+
 Tensor ids_of(const std::vector<int64_t>& ids, int64_t rows) {
   return train::token_tensor(ids, rows, int64_t(ids.size()) / rows);
 }
@@ -60,7 +71,9 @@ TEST(MultiheadAttention, MemoryAttentionEqualsTheFullForward) {
       const Tensor out = attention.forward_memory(query.slice(1, begin, end), memory, {.key_padding_mask = kpm});
       EXPECT_LE(max_abs_diff(out, full.slice(1, begin, end)), 1e-13) << "rows " << begin << "-" << end;
     }
-    EXPECT_THROW(attention.forward_memory(query, memory, {.is_causal = true}), ValueError);
+    expect_message<ValueError>([&] { attention.forward_memory(query, memory, {.is_causal = true}); },
+                               "[mha::nn::MultiheadAttention::forward_memory] inputs: expected no is_causal or "
+                               "attn_bias (masks only); got one of them");
     EXPECT_THROW(attention.forward_memory(query.slice(0, 0, 1), memory), ShapeError);  // another batch
   }
   Generator g(1);
@@ -153,7 +166,9 @@ TEST(EncoderDecoderModel, DecodingWithTheCacheEqualsTheFullForward) {
     EXPECT_THROW(model.decode_step(ids_of({1}, 1)), ShapeError);  // another batch size mid-sequence
   }
   EncoderDecoderModel model = small_model(small_decoder(Position::sinusoidal, DType::float32));
-  EXPECT_THROW(model.decode_step(ids_of({1}, 1)), StateError);  // no begin_decode
+  expect_message<StateError>([&] { model.decode_step(ids_of({1}, 1)); },
+                             "[mha::nn::EncoderDecoderModel::decode_step] state: expected begin_decode(src_ids) "
+                             "first; got none");
 }
 
 TEST(EncoderDecoderModel, GenerateWithTheCacheEqualsGreedyDecodingWithout) {
@@ -183,14 +198,17 @@ TEST(EncoderDecoderModel, GenerateWithTheCacheEqualsGreedyDecodingWithout) {
 TEST(EncoderDecoderModel, SettingsAndInputsAreChecked) {
   Generator g(1);
   const LanguageModelConfig c = small_decoder(Position::sinusoidal, DType::float32);
-  EXPECT_THROW(EncoderDecoderModel({.decoder = c, .num_encoder_layers = 0}, g), ValueError);
+  expect_message<ValueError>([&] { EncoderDecoderModel({.decoder = c, .num_encoder_layers = 0}, g); },
+                             "[mha::nn::EncoderDecoderModel] num_encoder_layers: expected > 0; got 0");
   LanguageModelConfig few_buckets = small_decoder(Position::relative, DType::float32);
   few_buckets.num_buckets = 2, few_buckets.max_distance = 4;  // enough causally, not in both directions
   LanguageModel{few_buckets, g};
-  EXPECT_THROW(EncoderDecoderModel({.decoder = few_buckets}, g), ValueError);
+  expect_message<ValueError>([&] { EncoderDecoderModel({.decoder = few_buckets}, g); },
+                             "[mha::nn::TransformerEncoder] num_buckets: expected >= 4 (relative positions); got 2");
   EncoderDecoderModel model = small_model(c);
   const Tensor src = ids_of(kSource, 2), tgt = ids_of({1, 2, 3, 4}, 2);
-  EXPECT_THROW(model.forward(src, tgt, Tensor::zeros({2, 5})), DtypeError);
+  expect_message<DtypeError>([&] { model.forward(src, tgt, Tensor::zeros({2, 5})); },
+                             "[mha::nn::EncoderDecoderModel::forward] src_key_padding_mask: expected bool; got float32");
   EXPECT_THROW(model.forward(src, tgt, source_padding().slice(1, 0, 4)), ShapeError);
   EXPECT_THROW(model.forward(src, ids_of({1, 2, 3}, 1)), ShapeError);  // batch sizes differ
 }
@@ -203,7 +221,9 @@ TEST(Tasks, Seq2SeqBatchesAreSourceAndShiftedTarget) {
   EXPECT_EQ(b.ids, (std::vector<int64_t>{train::kBos, 4, 1, 3, train::kBos, 7, train::kPad, train::kPad}));
   EXPECT_EQ(b.targets, (std::vector<int64_t>{4, 1, 3, train::kEos, 7, train::kEos, -100, -100}));
   EXPECT_EQ(train::parse_architecture("encoder-decoder"), train::Architecture::encoder_decoder);
-  EXPECT_THROW(train::parse_architecture("seq2seq"), ValueError);
+  expect_message<ValueError>([] { train::parse_architecture("seq2seq"); },
+                             "[mha::train::parse_architecture] name: expected 'decoder' or 'encoder-decoder'; got "
+                             "'seq2seq'");
 }
 
 TEST(Trainer, EncoderDecoderLearnsToCopyShortSequences) {

@@ -95,10 +95,12 @@ void EncoderDecoderModel::backward(const Tensor& dlogits) {
 void EncoderDecoderModel::begin_decode(const Tensor& src_ids, const Tensor& src_key_padding_mask) {
   const Tensor memory = encode(src_ids, src_key_padding_mask, false, "mha::nn::EncoderDecoderModel::begin_decode");
   decoder.begin_decode(memory, src_key_padding_mask);
+  decoding_ = true;
 }
 
 Tensor EncoderDecoderModel::decode_step(const Tensor& tgt_ids) {
   const char* fn = "mha::nn::EncoderDecoderModel::decode_step";
+  if (!decoding_) throw StateError(std::string("[") + fn + "] state: expected begin_decode(src_ids) first; got none");
   check_ids(tgt_ids, fn, "tgt_ids");
   const Tensor y = embed_tokens(embedding, position_embedding, config_.decoder, tgt_ids, decoded_length(), fn);
   return head.forward(decoder.decode_step(y));

@@ -71,6 +71,7 @@ class EncoderDecoderModel : public Module {
  private:
   EncoderDecoderConfig config_;
   Tensor src_ids_, tgt_ids_;  // the last forward's, for the shared embeddings' backward
+  bool decoding_ = false;     // begin_decode was called
 
   Tensor encode(const Tensor& src_ids, const Tensor& src_key_padding_mask, bool need_weights, const char* fn);
 };
