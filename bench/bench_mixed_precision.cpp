@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
       for (int p = 0; p < 2; ++p) {
         const auto t0 = std::chrono::steady_clock::now();
         optimizers[p]->set_lr(optim::warmup_cosine(step, c.warmup, c.steps, c.lr, c.min_lr));
-        const train::StepLoss loss = train::accumulate_gradients(*models[p], examples, c.batch_size);
+        train::DecoderOnly task_model(*models[p]);
+        const train::StepLoss loss = train::accumulate_gradients(task_model, examples, c.batch_size);
         const std::vector<nn::NamedParameter> params = models[p]->named_parameters();
         optim::clip_grad_norm(params, c.clip);
         optimizers[p]->step();

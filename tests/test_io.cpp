@@ -107,13 +107,14 @@ TEST(Checkpoint, RoundTripAndMismatchRefused) {
   model.eval();
   const train::Checkpoint info{.model = config, .task = {.task = train::Task::reverse, .min_length = 3, .max_length = 5},
                                .seed = 9, .steps = 42};
-  train::save_checkpoint(dir, model, info);
+  train::DecoderOnly task_model(model);
+  train::save_checkpoint(dir, task_model, info);
   train::LoadedCheckpoint loaded = train::load_checkpoint(dir);
   EXPECT_EQ(loaded.info.steps, 42);
   EXPECT_EQ(loaded.info.task.task, train::Task::reverse);
   EXPECT_EQ(loaded.info.seed, 9u);
-  Tensor ids = Tensor::from_values(std::vector<double>{11, 1, 2, 3, 12, 3}, {1, 6}, DType::int64);
-  EXPECT_EQ(loaded.model->forward(ids).to_vector(), model.forward(ids).to_vector());
+  const train::Batch batch{.ids = {11, 1, 2, 3, 12, 3}, .rows = 1, .length = 6};
+  EXPECT_EQ(loaded.model->forward(batch).to_vector(), task_model.forward(batch).to_vector());
   // A config that does not match the weights is refused, naming the tensor.
   std::string cfg = read_bytes(dir + "/config.json");
   cfg.replace(cfg.find("\"dim_feedforward\": 16"), 21, "\"dim_feedforward\": 12");
@@ -126,30 +127,32 @@ TEST(Checkpoint, RoundTripAndMismatchRefused) {
 
 TEST(Checkpoint, PositionKindRoundTripsAndOldConfigsAreSinusoidal) {
   const std::string dir = temp_dir();
-  const Tensor ids = Tensor::from_values(std::vector<double>{11, 1, 2, 3, 12, 3}, {1, 6}, DType::int64);
+  const train::Batch batch{.ids = {11, 1, 2, 3, 12, 3}, .rows = 1, .length = 6};
   for (nn::Position position : {nn::Position::learned, nn::Position::relative, nn::Position::rope}) {
     Generator g(4);
     const nn::LanguageModelConfig config{.vocab_size = train::kVocab, .d_model = 8, .nhead = 2, .num_layers = 1,
                                          .dim_feedforward = 16, .position = position, .max_len = 12,
                                          .num_buckets = 8, .max_distance = 20, .rope_base = 500.0};
-    nn::LanguageModel model(config, g);
+    train::DecoderOnly model(std::make_unique<nn::LanguageModel>(config, g));
     model.eval();
     train::save_checkpoint(dir, model, {.model = config});
     train::LoadedCheckpoint loaded = train::load_checkpoint(dir);
     const nn::LanguageModelConfig& m = loaded.info.model;
     EXPECT_EQ(m.position, position);
     EXPECT_EQ(std::make_tuple(m.max_len, m.num_buckets, m.max_distance, m.rope_base), std::make_tuple(12, 8, 20, 500.0));
-    EXPECT_EQ(loaded.model->forward(ids).to_vector(), model.forward(ids).to_vector()) << nn::to_string(position);
+    EXPECT_EQ(loaded.model->forward(batch).to_vector(), model.forward(batch).to_vector()) << nn::to_string(position);
   }
-  // A config.json written before position kinds existed has none of the keys.
+  // A config.json written before position kinds (and architectures) existed has none of the keys.
   std::string cfg = read_bytes(dir + "/config.json");
-  for (const char* key : {"position", "max_len", "num_buckets", "max_distance", "rope_base"}) {
+  for (const char* key : {"architecture", "checkpoint_activations", "position", "max_len", "num_buckets",
+                          "max_distance", "rope_base"}) {
     const size_t at = cfg.find(std::string("\"") + key + "\"");
     cfg.erase(at, cfg.find_first_of(",}", at) + 1 - at);
   }
   ASSERT_EQ(cfg.find("position"), std::string::npos) << cfg;
   write_bytes(dir + "/config.json", cfg);
   EXPECT_EQ(train::load_checkpoint(dir).info.model.position, nn::Position::sinusoidal);
+  EXPECT_EQ(train::load_checkpoint(dir).info.architecture, train::Architecture::decoder);
   write_bytes(dir + "/config.json", cfg.insert(cfg.find("\"dtype\""), "\"position\": \"absolute\", "));
   expect_format_error([&] { train::load_checkpoint(dir); }, "position must be");
   std::filesystem::remove_all(dir);

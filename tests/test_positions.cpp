@@ -235,7 +235,8 @@ TEST(LanguageModel, GenerateWithTheCacheEqualsGreedyDecodingWithout) {
   for (Position position : kPositions) {
     SCOPED_TRACE(to_string(position));
     LanguageModel model = small_model(position, DType::float64, train::kVocab, 16);
-    const auto outputs = train::generate(model, inputs, 6);
+    train::DecoderOnly task_model(model);
+    const auto outputs = train::generate(task_model, inputs, 6);
     model.eval();
     for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ(outputs[i], greedy_without_cache(model, inputs[i], 6)) << i;
   }

@@ -155,7 +155,8 @@ TEST(Tasks, HeldOutNeverInTrainingAndBatchesAreShifted) {
 TEST(Trainer, LearnsToCopyShortSequences) {
   train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 40}, 1);
   Generator g(1);
-  LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64}, g);
+  LanguageModel network({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64}, g);
+  train::DecoderOnly model(network);
   const double before = train::exact_match(model, data.heldout());
   const train::TrainResult r =
       train::train(model, data, {.steps = 300, .batch_size = 16, .lr = 1e-2, .min_lr = 1e-3, .warmup = 20, .eval_every = 100});
@@ -174,8 +175,9 @@ TEST(Trainer, MixedPrecisionLearnsCopyAsWellAsFloat32) {
     LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 1, .dim_feedforward = 64,
                          .precision = precision},
                         g);
+    train::DecoderOnly task_model(model);
     const train::TrainResult r = train::train(
-        model, data, {.steps = 300, .batch_size = 16, .lr = 1e-2, .min_lr = 1e-3, .warmup = 20, .eval_every = 100});
+        task_model, data, {.steps = 300, .batch_size = 16, .lr = 1e-2, .min_lr = 1e-3, .warmup = 20, .eval_every = 100});
     match[precision == Precision::bf16_mixed] = r.heldout_exact_match;
     std::printf("  copy (lengths 2-3), %-10s held-out exact match %.2f after %lld steps\n", to_string(precision).c_str(),
                 r.heldout_exact_match, (long long)r.steps);
@@ -191,10 +193,11 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
   train::TaskData data({.task = train::Task::copy, .min_length = 4, .max_length = 6, .heldout = 64}, 2);
   Generator g(2);
   LanguageModel model({.vocab_size = train::kVocab, .d_model = 32, .nhead = 2, .num_layers = 2, .dim_feedforward = 64}, g);
+  train::DecoderOnly task_model(model);
   const train::TrainResult r = train::train(
-      model, data, {.steps = 400, .batch_size = 32, .lr = 1e-2, .min_lr = 1e-3, .warmup = 30, .eval_every = 100});
+      task_model, data, {.steps = 400, .batch_size = 32, .lr = 1e-2, .min_lr = 1e-3, .warmup = 30, .eval_every = 100});
   ASSERT_GE(r.heldout_exact_match, 0.95);
-  std::vector<std::vector<int64_t>> hits(model.layers.size(), std::vector<int64_t>(2, 0));
+  std::vector<std::vector<int64_t>> hits(model.transformer.layers.size(), std::vector<int64_t>(2, 0));
   int64_t targets = 0;
   for (const train::Example& e : data.heldout()) {
     const train::Batch b = train::make_batch({e});
@@ -203,7 +206,7 @@ TEST(Trainer, CopyModelHasAHeadThatLooksAtTheSource) {
     model.forward(ids, true);
     const int64_t sep = 1 + int64_t(e.input.size()), n = int64_t(e.output.size());
     targets += n;
-    for (size_t layer = 0; layer < model.layers.size(); ++layer) {
+    for (size_t layer = 0; layer < model.transformer.layers.size(); ++layer) {
       const Tensor& w = model.attention_weights()[layer];  // (1, H, T, T)
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t k = 0; k < n; ++k) {
@@ -231,7 +234,7 @@ LanguageModelConfig small_model(double dropout = 0.0, DType dtype = DType::float
           .dropout = dropout, .dtype = dtype, .precision = precision};
 }
 
-void expect_same_parameters(LanguageModel& a, LanguageModel& b) {
+void expect_same_parameters(Module& a, Module& b) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(max_abs_diff(*pa[i].value, *pb[i].value), 0.0) << pa[i].name;
@@ -245,7 +248,8 @@ TEST(Trainer, GradientAccumulationEqualsOneBatch) {
   std::vector<train::Example> examples;
   for (int i = 0; i < 10; ++i) examples.push_back(data.sample(g));  // lengths differ: padding differs per micro-batch
   Generator init(4);
-  LanguageModel model(small_model(0.0, DType::float64), init);
+  LanguageModel network(small_model(0.0, DType::float64), init);
+  train::DecoderOnly model(network);
   const train::StepLoss whole = train::accumulate_gradients(model, examples, 10);
   std::vector<Tensor> want;
   for (auto& p : model.named_parameters()) want.push_back(p.grad->clone());
@@ -271,7 +275,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
     const LanguageModelConfig model_config = small_model(0.1, DType::float32, precision);
     const std::string dir = temp_dir("mha_resume_");
     Generator g1(6);
-    LanguageModel straight(model_config, g1);
+    train::DecoderOnly straight(std::make_unique<LanguageModel>(model_config, g1));
     train::TrainState end_state;
     train::train(straight, data, config, {}, &end_state, [&](const train::TrainState& s) {
       if (s.step == 6) train::save_checkpoint(dir, straight, {.model = model_config, .task = task, .seed = 5, .steps = 6}, &s);
@@ -281,7 +285,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
     train::LoadedCheckpoint loaded = train::load_training_checkpoint(dir);
     ASSERT_TRUE(loaded.state);
     EXPECT_EQ(loaded.state->step, 6);
-    EXPECT_EQ(loaded.model->config().precision, precision);
+    EXPECT_EQ(loaded.info.model.precision, precision);
     train::train(*loaded.model, data, config, {}, loaded.state.get());
     EXPECT_EQ(loaded.state->step, 12);
     expect_same_parameters(straight, *loaded.model);
@@ -297,9 +301,9 @@ TEST(Checkpoint, StoresThePrecisionAndReadsOlderConfigsAsFloat32) {
   const std::string dir = temp_dir("mha_precision_");
   const LanguageModelConfig config = small_model(0.0, DType::float32, Precision::bf16_mixed);
   Generator g(9);
-  LanguageModel model(config, g);
+  train::DecoderOnly model(std::make_unique<LanguageModel>(config, g));
   train::save_checkpoint(dir, model, {.model = config, .task = task, .steps = 1});
-  EXPECT_EQ(train::load_checkpoint(dir).model->config().precision, Precision::bf16_mixed);
+  EXPECT_EQ(train::load_checkpoint(dir).info.model.precision, Precision::bf16_mixed);
   const std::string text = read_bytes(dir + "/config.json");
   const std::string stored = "\"precision\": \"bf16-mixed\"";
   const size_t at = text.find(stored);
@@ -308,7 +312,7 @@ TEST(Checkpoint, StoresThePrecisionAndReadsOlderConfigsAsFloat32) {
     std::ofstream(dir + "/config.json") << text.substr(0, at) + replacement + text.substr(at + stored.size());
   };
   rewrite("\"rope_base_copy\": 1");  // a config from before mixed precision: no "precision"
-  EXPECT_EQ(train::load_checkpoint(dir).model->config().precision, Precision::float32);
+  EXPECT_EQ(train::load_checkpoint(dir).info.model.precision, Precision::float32);
   rewrite("\"precision\": \"fp8\"");
   try {
     train::load_checkpoint(dir);
@@ -323,7 +327,7 @@ TEST(Checkpoint, AnInterruptedSaveFallsBackToTheWholeTrainingState) {
   const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 3, .heldout = 5};
   const std::string dir = temp_dir("mha_torn_");
   Generator g(7);
-  LanguageModel model(small_model(), g);
+  train::DecoderOnly model(std::make_unique<LanguageModel>(small_model(), g));
   train::TrainState state;
   for (auto& p : model.named_parameters()) {
     state.exp_avg.push_back(Tensor::zeros(p.value->shape()));

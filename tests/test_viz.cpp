@@ -64,6 +64,36 @@ TEST(Viz, GridDrawsEachCellInItsColour) {
   EXPECT_THROW(attention_grid({}, tokens), ShapeError);
 }
 
+TEST(Viz, CrossAttentionGridAndStackedPictures) {
+  // L = 3 queries, S = 4 keys (an encoder-decoder's cross-attention): the diagonal set.
+  const std::vector<std::string> queries{"<s>", "3", "1"}, keys{"3", "1", "4", "1"};
+  std::vector<Tensor> weights{Tensor::zeros({1, 3, 4}, DType::float64)};
+  for (int64_t i = 0; i < 3; ++i) weights[0].set_item({0, i, i}, 1.0);
+  const Image img = attention_grid(weights, queries, keys);
+  const GridLayout g = attention_grid_layout(1, 1, queries, keys);
+  uint8_t one[3], zero[3];
+  colour_of(1.0, one);
+  colour_of(0.0, zero);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      const uint8_t* want = i == j ? one : zero;
+      EXPECT_TRUE(std::equal(want, want + 3, img.at(g.panel_x0 + j * g.cell + g.cell / 2, g.panel_y0 + i * g.cell + g.cell / 2)))
+          << i << "," << j;
+    }
+  EXPECT_THROW(attention_grid(weights, keys, queries), ShapeError);
+  // One under the other, each under a title line.
+  const Image both = stack_pictures({img, img}, {"encoder self-attention", "cross-attention"});
+  EXPECT_EQ(both.width, img.width);
+  const int64_t title = (both.height - 2 * img.height) / 2;
+  EXPECT_GT(title, 0);
+  for (int64_t y : {int64_t(0), img.height / 2, img.height - 1})
+    for (int64_t x : {int64_t(0), g.panel_x0 + g.cell / 2, img.width - 1}) {
+      EXPECT_TRUE(std::equal(img.at(x, y), img.at(x, y) + 3, both.at(x, title + y)));
+      EXPECT_TRUE(std::equal(img.at(x, y), img.at(x, y) + 3, both.at(x, 2 * title + img.height + y)));
+    }
+  EXPECT_THROW(stack_pictures({img}, {}), ShapeError);
+}
+
 namespace {
 
 // Two layers of (H = 2, L = 2, S = 3) weights: entry (l, h, i, j) = (l + h + i + j + 1) / 10.

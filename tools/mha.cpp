@@ -33,10 +33,20 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--heldout", train.task_config.heldout, "Held-out examples")->capture_default_str();
   train_cmd->add_option("--d-model", train.model.d_model, "Model dimension")->capture_default_str();
   train_cmd->add_option("--heads", train.model.nhead, "Attention heads")->capture_default_str();
-  train_cmd->add_option("--layers", train.model.num_layers, "Transformer layers")->capture_default_str();
+  train_cmd->add_option("--arch", train.architecture,
+                         "Architecture: decoder (decoder-only, on BOS input SEP output EOS) or encoder-decoder "
+                         "(the input is the source, the output the target)")
+      ->check(CLI::IsMember({"decoder", "encoder-decoder"}))
+      ->capture_default_str();
+  train_cmd->add_option("--layers", train.model.num_layers, "Transformer layers (an encoder-decoder's decoder layers)")
+      ->capture_default_str();
+  train_cmd->add_option("--encoder-layers", train.encoder_layers, "Encoder layers of an encoder-decoder (default: --layers)");
+  train_cmd->add_flag("--checkpoint-activations", train.model.checkpoint_activations,
+                      "Activation checkpointing: each layer keeps only its input and recomputes its forward in "
+                      "backward (less memory, about one more forward of compute)");
   train_cmd->add_option("--ff", train.model.dim_feedforward, "Feed-forward dimension")->capture_default_str();
   train_cmd->add_option("--dropout", train.model.dropout, "Dropout")->capture_default_str();
-  train_cmd->add_flag("--post-ln,!--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
+  train_cmd->add_flag("!--post-ln,--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
   train_cmd->add_option("--position", train.position, "Position information: sinusoidal, learned, relative, rope or alibi")
       ->check(CLI::IsMember({"sinusoidal", "learned", "relative", "rope", "alibi"}))
       ->capture_default_str();

@@ -41,13 +41,15 @@ std::vector<int64_t> parse_input(const std::string& input, const char* command) 
 }  // namespace
 
 int run_train(TrainCommand& cmd) {
-  std::unique_ptr<nn::LanguageModel> model;
+  std::unique_ptr<train::TaskModel> model;
+  train::Architecture architecture = train::Architecture::decoder;
   train::TrainState state;
   std::string earlier_metrics;
   if (!cmd.resume.empty()) {
     train::LoadedCheckpoint loaded = train::load_training_checkpoint(cmd.resume);
     cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, cmd.train.seed = loaded.info.seed;
     cmd.task = train::to_string(cmd.task_config.task);
+    architecture = loaded.info.architecture, cmd.encoder_layers = loaded.info.num_encoder_layers;
     model = std::move(loaded.model);
     state = *loaded.state;
     std::ifstream metrics_file(cmd.resume + "/metrics.csv");
@@ -58,20 +60,31 @@ int run_train(TrainCommand& cmd) {
     cmd.model.position = nn::parse_position(cmd.position);
     cmd.model.precision = nn::parse_precision(cmd.precision);
     cmd.model.vocab_size = train::kVocab;
+    architecture = train::parse_architecture(cmd.architecture);
+    if (architecture == train::Architecture::decoder) cmd.encoder_layers = 0;
+    else if (cmd.encoder_layers <= 0) cmd.encoder_layers = cmd.model.num_layers;
     Generator gen(cmd.train.seed);
-    model = std::make_unique<nn::LanguageModel>(cmd.model, gen);
+    model = train::make_task_model(architecture, cmd.model, cmd.encoder_layers, gen);
     nn::initialize(*model, nn::parse_init(cmd.init), gen);
   }
   const train::TaskData data(cmd.task_config, cmd.train.seed);
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
-  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %lld layers, %s positions, "
-              "%lld parameters, %s precision\n",
+  const std::string layers = architecture == train::Architecture::decoder
+                                 ? std::to_string(cmd.model.num_layers) + " layers"
+                                 : "encoder-decoder, " + std::to_string(cmd.encoder_layers) + " encoder and " +
+                                       std::to_string(cmd.model.num_layers) + " decoder layers";
+  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %s, %s positions, %s, "
+              "%lld parameters, %s precision%s\n",
               cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
-              (long long)cmd.model.num_layers, nn::to_string(cmd.model.position).c_str(), (long long)parameters,
-              nn::to_string(cmd.model.precision).c_str());
+              layers.c_str(), nn::to_string(cmd.model.position).c_str(), cmd.model.norm_first ? "Pre-LN" : "Post-LN",
+              (long long)parameters, nn::to_string(cmd.model.precision).c_str(),
+              cmd.model.checkpoint_activations ? ", activation checkpointing" : "");
   const auto save = [&](const train::TrainState& s) {
-    train::save_checkpoint(cmd.out, *model, {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step}, &s);
+    train::save_checkpoint(cmd.out, *model,
+                           {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step,
+                            .architecture = architecture, .num_encoder_layers = cmd.encoder_layers},
+                           &s);
   };
   ProgressReport report(earlier_metrics);
   const auto on_checkpoint = [&](const train::TrainState& s) {
@@ -115,26 +128,46 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
   const std::vector<int64_t> tokens = parse_input(input, "mha viz");
   const std::vector<int64_t> output = train::generate(*loaded.model, {tokens}, 2 * int64_t(tokens.size()) + 2)[0];
-  std::vector<int64_t> sequence{train::kBos};
-  sequence.insert(sequence.end(), tokens.begin(), tokens.end());
-  sequence.push_back(train::kSep);
-  sequence.insert(sequence.end(), output.begin(), output.end());
-  Tensor ids = Tensor::empty({1, int64_t(sequence.size())}, DType::int64);
-  std::copy(sequence.begin(), sequence.end(), ids.data<int64_t>());
-  loaded.model->forward(ids, true);
-  std::vector<Tensor> weights;
-  for (const Tensor& w : loaded.model->attention_weights()) weights.push_back(w.select(0, 0));
-  std::vector<std::string> labels;
-  for (int64_t t : sequence) labels.push_back(train::format_tokens({t}));
+  const std::vector<train::AttentionView> views = loaded.model->attention(tokens, output);
+  const auto labels = [](const std::vector<int64_t>& ids) {
+    std::vector<std::string> names;
+    for (int64_t t : ids) names.push_back(train::format_tokens({t}));
+    return names;
+  };
   const std::string in_text = train::format_tokens(tokens), out_text = train::format_tokens(output);
-  if (html)
-    viz::save_attention_html(out, weights, labels, labels,
-                             "Attention of the " + train::to_string(loaded.info.task.task) + " model in " + checkpoint +
-                                 ": " + in_text + " → " + out_text);
-  else
-    viz::save_png(out, viz::attention_grid(weights, labels));
-  std::printf("input  %s\noutput %s\nwrote %s: attention of %zu layers × %lld heads (rows: queries, columns: keys)\n",
-              in_text.c_str(), out_text.c_str(), out.c_str(), weights.size(), (long long)weights[0].size(0));
+  const std::string title = "Attention of the " + train::to_string(loaded.info.task.task) + " model in " + checkpoint +
+                            ": " + in_text + " → " + out_text;
+  std::vector<std::string> written;
+  std::vector<viz::Image> pictures;
+  std::vector<std::string> titles;
+  for (const train::AttentionView& view : views) {
+    const std::vector<std::string> queries = labels(view.queries), keys = labels(view.keys);
+    if (html) {
+      // One page per attention: PATH itself, or PATH with "-encoder", "-decoder", "-cross" before its extension.
+      const std::filesystem::path path(out);
+      const std::string page = views.size() == 1 ? out
+                               : (path.parent_path() / (path.stem().string() + "-" + view.short_name +
+                                                        path.extension().string())).string();
+      viz::save_attention_html(page, view.weights, queries, keys,
+                               views.size() == 1 ? title : title + " (" + view.name + ")");
+      written.push_back(page);
+    } else {
+      pictures.push_back(viz::attention_grid(view.weights, queries, keys));
+      titles.push_back(view.name);
+    }
+  }
+  if (!html) {
+    viz::save_png(out, pictures.size() == 1 ? pictures[0] : viz::stack_pictures(pictures, titles));
+    written.push_back(out);
+  }
+  std::string files;
+  for (const std::string& f : written) files += (files.empty() ? "" : ", ") + f;
+  std::string kinds;
+  for (const train::AttentionView& view : views)
+    kinds += (kinds.empty() ? "" : ", ") + view.name + " of " + std::to_string(view.weights.size()) +
+             (view.weights.size() == 1 ? " layer" : " layers");
+  std::printf("input  %s\noutput %s\nwrote %s: %s × %lld heads (rows: queries, columns: keys)\n", in_text.c_str(),
+              out_text.c_str(), files.c_str(), kinds.c_str(), (long long)views[0].weights[0].size(0));
   return 0;
 }
 

@@ -1,5 +1,5 @@
-// `mha train`: trains a decoder-only Transformer on a toy task and reports
-// held-out exact match; with --out, writes a checkpoint (model.safetensors,
+// `mha train`: trains a Transformer (decoder-only or encoder–decoder) on a
+// toy task and reports held-out exact match; with --out, writes a checkpoint (model.safetensors,
 // config.json, train_state.safetensors), metrics.csv and summary.json. With
 // --resume DIR it continues DIR's run exactly, up to --steps in all.
 #pragma once
@@ -14,6 +14,8 @@ struct TrainCommand {
   std::string task = "copy";
   std::string position = "sinusoidal";
   std::string precision = "float32";  // or bf16-mixed
+  std::string architecture = "decoder";  // or "encoder-decoder"
+  int64_t encoder_layers = 0;            // encoder-decoder; 0: as many as model.num_layers
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;
   train::TrainConfig train;
@@ -35,7 +37,10 @@ int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_
 // `mha viz --checkpoint DIR --input "3 1 4" --out PATH`: decodes the input
 // greedily and draws every layer's and head's attention over the whole sequence,
 // as a PNG grid or an interactive HTML page, chosen by PATH's extension
-// (.png; .html or .htm).
+// (.png; .html or .htm). An encoder–decoder has three attentions: the PNG
+// shows the encoder's self-attention, the decoder's and the cross-attention
+// one under another; as HTML they are three pages, PATH with -encoder,
+// -decoder and -cross before its extension.
 int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out);
 // `mha generate --checkpoint DIR --input "3 1 4"`: greedy decoding with a KV
 // cache; prints the generated tokens (max_new ≤ 0: 2 · input length + 2).

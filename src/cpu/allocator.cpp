@@ -1,6 +1,9 @@
 // The host allocator with a cache of large blocks (policy in allocator.h).
 #include "cpu/allocator.h"
 
+#include <malloc.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -37,12 +40,27 @@ void* aligned(size_t bytes) {
   return p;
 }
 
+std::atomic<size_t> in_use{0}, peak{0};
+
+// Every block handed out or taken back, counted by its usable size.
+void* handed_out(void* p) {
+  const size_t now = in_use.fetch_add(malloc_usable_size(p), std::memory_order_relaxed) + malloc_usable_size(p);
+  for (size_t seen = peak.load(std::memory_order_relaxed);
+       now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
+  }
+  return p;
+}
+
 }  // namespace
+
+size_t host_bytes_in_use() { return in_use.load(std::memory_order_relaxed); }
+size_t host_bytes_peak() { return peak.load(std::memory_order_relaxed); }
+void reset_host_bytes_peak() { peak.store(in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void* host_allocate(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
-  if (!kCaching || rounded < kLarge) return aligned(rounded);
+  if (!kCaching || rounded < kLarge) return handed_out(aligned(rounded));
   rounded = (rounded + kGranule - 1) / kGranule * kGranule;
   Cache& c = cache();
   {
@@ -52,17 +70,18 @@ void* host_allocate(size_t bytes) {
       void* p = it->second;
       c.idle.erase(it);
       c.idle_bytes -= rounded;
-      return p;
+      return handed_out(p);
     }
   }
   void* p = aligned(rounded);
   std::lock_guard<std::mutex> lock(c.mutex);
   c.size_of[p] = rounded;
-  return p;
+  return handed_out(p);
 }
 
 void host_free(void* ptr) {
   if (!ptr) return;
+  in_use.fetch_sub(malloc_usable_size(ptr), std::memory_order_relaxed);
   if (kCaching) {
     Cache& c = cache();
     std::unique_lock<std::mutex> lock(c.mutex);

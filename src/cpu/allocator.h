@@ -12,4 +12,11 @@ namespace mha::cpu {
 void* host_allocate(size_t bytes);
 void host_free(void* ptr);
 
+// Bytes of the blocks handed out and not yet freed (cached idle blocks do not
+// count): what the tensors alive hold, for memory measurements. The peak is
+// the most in use since the last reset_host_bytes_peak().
+size_t host_bytes_in_use();
+size_t host_bytes_peak();
+void reset_host_bytes_peak();
+
 }  // namespace mha::cpu

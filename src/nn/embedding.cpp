@@ -47,18 +47,24 @@ Tensor Embedding::forward(const Tensor& ids_in) {
   return out;
 }
 
-void Embedding::backward(const Tensor& dy_in) {
-  Shape want = saved_ids_.defined() ? saved_ids_.shape() : Shape{};
+void Embedding::backward(const Tensor& dy) { backward(dy, saved_ids_); }
+
+void Embedding::backward(const Tensor& dy_in, const Tensor& ids_in) {
+  if (ids_in.defined() && ids_in.dtype() != DType::int64) raise<DtypeError>(kBackward, "ids", "int64", to_string(ids_in.dtype()));
+  Shape want = ids_in.defined() ? ids_in.shape() : Shape{};
   want.push_back(config_.embedding_dim);
-  check_backward(saved_ids_, dy_in, want, config_.dtype, kBackward);
-  const Tensor dy = dy_in.contiguous();
-  const int64_t D = config_.embedding_dim;
-  const int64_t* id = saved_ids_.data<int64_t>();
+  check_backward(ids_in, dy_in, want, config_.dtype, kBackward);
+  const Tensor dy = dy_in.contiguous(), ids = ids_in.contiguous();
+  const int64_t D = config_.embedding_dim, V = config_.num_embeddings;
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (id[i] < 0 || id[i] >= V)
+      raise<ValueError>(kBackward, "ids", "values in [0, " + std::to_string(V) + ")", std::to_string(id[i]));
   dispatch_float(config_.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();
     T* w = weight_grad.data<T>();
-    for (int64_t i = 0; i < saved_ids_.numel(); ++i) {
+    for (int64_t i = 0; i < ids.numel(); ++i) {
       if (config_.padding_idx && id[i] == *config_.padding_idx) continue;
       for (int64_t d = 0; d < D; ++d) w[id[i] * D + d] += g[i * D + d];
     }

@@ -4,6 +4,7 @@
 // bf16_mixed precision (with float32 sums into T = float).
 #include "mha/nn/multihead_attention.h"
 
+#include <array>
 #include <cmath>
 
 #include "check.h"
@@ -19,6 +20,8 @@ constexpr const char* kCtor = "mha::nn::MultiheadAttention";
 constexpr const char* kForward = "mha::nn::MultiheadAttention::forward";
 constexpr const char* kBackward = "mha::nn::MultiheadAttention::backward";
 constexpr const char* kForwardCached = "mha::nn::MultiheadAttention::forward_cached";
+constexpr const char* kProjectMemory = "mha::nn::MultiheadAttention::project_memory";
+constexpr const char* kForwardMemory = "mha::nn::MultiheadAttention::forward_memory";
 
 // Row (n, l) of a sequence tensor, (L, N, X), (N, L, X) when batch_first, or
 // unbatched (L, X), sits at data + n·batch_stride + l·seq_stride.
@@ -207,7 +210,7 @@ namespace {
 // core, shaped (N or 1, H or 1, L or 1, S_total): bool (true = may attend)
 // when both are bool or absent and not force_additive, else additive in
 // `dtype`. Columns added for bias_k / zero attention are always visible.
-Tensor combine_masks(const MultiheadAttentionInputs& in, int64_t N, int64_t H, int64_t L, int64_t S,
+Tensor combine_masks(const char* fn, const MultiheadAttentionInputs& in, int64_t N, int64_t H, int64_t L, int64_t S,
                      int64_t S_total, bool batched, DType dtype, bool force_additive) {
   const Tensor& am = in.attn_mask;
   const Tensor& kpm = in.key_padding_mask;
@@ -216,14 +219,14 @@ Tensor combine_masks(const MultiheadAttentionInputs& in, int64_t N, int64_t H, i
     const bool ok = (am.dim() == 2 && am.shape() == Shape{L, S}) ||
                     (am.dim() == 3 && am.shape() == Shape{N * H, L, S});
     if (!ok)
-      raise<ShapeError>(kForward, "attn_mask",
+      raise<ShapeError>(fn, "attn_mask",
                         "shape " + shape_string({L, S}) + " or " + shape_string({N * H, L, S}),
                         shape_string(am.shape()));
   }
   if (kpm.defined()) {
     const Shape want = batched ? Shape{N, S} : Shape{S};
     if (kpm.shape() != want)
-      raise<ShapeError>(kForward, "key_padding_mask", "shape " + shape_string(want), shape_string(kpm.shape()));
+      raise<ShapeError>(fn, "key_padding_mask", "shape " + shape_string(want), shape_string(kpm.shape()));
   }
   const bool per_head = am.defined() && am.dim() == 3;
   const int64_t Nm = (per_head || kpm.defined()) ? N : 1, Hm = per_head ? H : 1, Lm = am.defined() ? L : 1;
@@ -364,7 +367,7 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   s.S_total = S + (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
 
   const Tensor& bias = in.attn_bias;
-  s.options.mask = combine_masks(in, N, H, L, S, s.S_total, rank == 3, c.dtype, bias.defined());
+  s.options.mask = combine_masks(kForward, in, N, H, L, S, s.S_total, rank == 3, c.dtype, bias.defined());
   if (bias.defined()) {
     check_attn_bias(kForward, bias, N, H, L, S, c.dtype);
     // Alone and without extra key columns, the bias is the mask itself (no copy).
@@ -536,13 +539,64 @@ void reserve(KVCache& cache, int64_t N, int64_t rows, int64_t D, DType dtype) {
 
 }  // namespace
 
+namespace {
+
+// The in-projection weights (q, k, v) and bias, packed or separate, in float
+// (decoding against a fixed memory computes in the parameters' dtype).
+template <class T>
+std::array<const T*, 4> in_projection(const MultiheadAttention& m) {
+  const int64_t D = m.config().embed_dim;
+  if (m.packed_in_proj()) {
+    const T* w = m.in_proj_weight.data<T>();
+    return {w, w + D * D, w + 2 * D * D, ptr_or_null<T>(m.in_proj_bias)};
+  }
+  return {m.q_proj_weight.data<T>(), m.k_proj_weight.data<T>(), m.v_proj_weight.data<T>(), ptr_or_null<T>(m.in_proj_bias)};
+}
+
+// The first S rows of the key and value buffers (N, ≥ S, D) as heads (N, H, S, E).
+Tensor head_rows(const Tensor& buffer, int64_t H, int64_t S) { return split_heads(buffer, H).slice(2, 0, S); }
+
+// Decoding: x's rows (layout of x) projected to queries, RoPE at positions
+// position … when the module has it, attend to `keys` and `values` (N, H, S, E)
+// under `options`; their heads go through out_proj into a tensor shaped like x.
+Tensor attend_rows(const MultiheadAttention& m, const Tensor& x, int64_t position, const Tensor& keys,
+                   const Tensor& values, const AttentionOptions& options) {
+  const MultiheadAttentionConfig& c = m.config();
+  const int64_t D = c.embed_dim, H = c.num_heads;
+  const SeqLayout xs = layout_of(x.shape(), c.batch_first);
+  const Tensor xc = x.contiguous();
+  Tensor q = Tensor::empty({xs.N, xs.L, D}, c.dtype), heads = Tensor::empty({xs.N, xs.L, D}, c.dtype);
+  Tensor output = Tensor::empty(x.shape(), c.dtype);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const auto [wq, wk, wv, b] = in_projection<T>(m);
+    project<T, T>(xc.data<T>(), xs, wq, b, D, q.data<T>());
+    if (c.rotary_base) rotate_rows(q, H, 0, xs.L, position, *c.rotary_base);
+    split_heads(heads, H).copy_(attention_forward(split_heads(q, H), keys, values, options).out);
+    project_out<T, T>(heads.data<T>(), xs, m.out_proj_weight.data<T>(), ptr_or_null<T>(m.out_proj_bias), D,
+                   output.data<T>());
+  };
+  if (c.dtype == DType::float64) run(double{});
+  else run(float{});
+  return output;
+}
+
+// Decoding needs keys and values that are plain projections of the rows.
+void check_decodable(const char* fn, const MultiheadAttentionConfig& c) {
+  if (c.add_bias_kv || c.add_zero_attn)
+    raise<ValueError>(fn, "config", "no add_bias_kv and no add_zero_attn", "an extra-key configuration");
+}
+
+}  // namespace
+
 Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& in) {
   const MultiheadAttentionConfig& c = config_;
   const int64_t D = c.embed_dim, H = c.num_heads;
   check_sequence(kForwardCached, x, "x", D, c.dtype);
-  if (!packed_ || c.add_bias_kv || c.add_zero_attn)
-    raise<ValueError>(kForwardCached, "config", "kdim = vdim = embed_dim, no add_bias_kv and no add_zero_attn",
-                      "a cross-attention or extra-key configuration");
+  check_decodable(kForwardCached, c);
+  if (!packed_)
+    raise<ValueError>(kForwardCached, "config", "kdim = vdim = embed_dim (self-attention)",
+                      "a cross-attention configuration");
   if (in.attn_mask.defined() || in.key_padding_mask.defined())
     raise<ValueError>(kForwardCached, "inputs", "no attn_mask or key_padding_mask (pass attn_bias)", "a mask");
   check_parameters(kForwardCached, named_parameters(), c.dtype);
@@ -588,6 +642,50 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const
   });
   cache.length = S;
   return output;
+}
+
+KVCache MultiheadAttention::project_memory(const Tensor& key, const Tensor& value) {
+  const MultiheadAttentionConfig& c = config_;
+  const int64_t D = c.embed_dim;
+  const int64_t rank = check_sequence(kProjectMemory, key, "key", c.kdim, c.dtype);
+  check_input(kProjectMemory, value, "value", rank, c.vdim, "vdim", c.dtype);
+  check_decodable(kProjectMemory, c);
+  if (c.rotary_base)
+    raise<ValueError>(kProjectMemory, "config", "no rotary_base (cross-attention has no positions)", "rotary_base set");
+  check_parameters(kProjectMemory, named_parameters(), c.dtype);
+  const SeqLayout ks = layout_of(key.shape(), c.batch_first), vs = layout_of(value.shape(), c.batch_first);
+  if (vs.N != ks.N || vs.L != ks.L)
+    raise<ShapeError>(kProjectMemory, "value", "key's batch and length", shape_string(value.shape()));
+  const Tensor kc = key.contiguous(), vc = value.contiguous();
+  KVCache memory{Tensor::empty({ks.N, ks.L, D}, c.dtype), Tensor::empty({ks.N, ks.L, D}, c.dtype), ks.L};
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const auto [wq, wk, wv, b] = in_projection<T>(*this);
+    project<T, T>(kc.data<T>(), ks, wk, b ? b + D : nullptr, D, memory.key.data<T>());
+    project<T, T>(vc.data<T>(), vs, wv, b ? b + 2 * D : nullptr, D, memory.value.data<T>());
+  };
+  if (c.dtype == DType::float64) run(double{});
+  else run(float{});
+  return memory;
+}
+
+Tensor MultiheadAttention::forward_memory(const Tensor& query, const KVCache& memory,
+                                          const MultiheadAttentionInputs& in) {
+  const MultiheadAttentionConfig& c = config_;
+  const int64_t D = c.embed_dim, H = c.num_heads;
+  const int64_t rank = check_sequence(kForwardMemory, query, "query", D, c.dtype);
+  const SeqLayout qs = layout_of(query.shape(), c.batch_first);
+  const int64_t N = qs.N, L = qs.L, S = memory.length;
+  if (!memory.key.defined() || memory.key.shape() != Shape{N, S, D} || memory.value.shape() != memory.key.shape() ||
+      memory.key.dtype() != c.dtype || S < 1)
+    raise<ShapeError>(kForwardMemory, "memory", "project_memory's keys and values (N, S, D) with N = " +
+                      std::to_string(N) + " (query's batch), D = " + std::to_string(D) + ", " + to_string(c.dtype),
+                      describe(memory.key));
+  if (in.is_causal || in.attn_bias.defined())
+    raise<ValueError>(kForwardMemory, "inputs", "no is_causal or attn_bias (masks only)", "one of them");
+  check_parameters(kForwardMemory, named_parameters(), c.dtype);
+  const Tensor mask = combine_masks(kForwardMemory, in, N, H, L, S, S, rank == 3, c.dtype, false);
+  return attend_rows(*this, query, 0, split_heads(memory.key, H), split_heads(memory.value, H), {.mask = mask});
 }
 
 }  // namespace mha::nn

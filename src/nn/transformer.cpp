@@ -72,21 +72,41 @@ Tensor feed_forward_backward(Linear& l1, ActivationLayer& act, Dropout& inner, L
   return l1.backward(act.backward(inner.backward(l2.backward(out_drop.backward(dy)))));
 }
 
-void set_mode(bool on, std::initializer_list<Module*> modules) {
-  for (Module* m : modules) m->train(on);
+// A self-attention block's backward: x fed it as query, key and value, so
+// x's gradient is the sum; the gradient of its attn_bias into *dbias.
+Tensor self_attention_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy, Tensor& dbias) {
+  const BlockGradients b = attention_block_backward(attention, drop, dy);
+  dbias = b.dbias;
+  return add(b.dquery, b.dkv);
 }
 
-// The encoder layer's two residual blocks around self-attention `sa` and the
-// feed-forward network `ff`, Pre-LN or Post-LN.
-template <class SelfAttention, class FeedForward>
-Tensor encoder_blocks(bool norm_first, LayerNorm& norm1, LayerNorm& norm2, const Tensor& src, SelfAttention&& sa,
-                      FeedForward&& ff) {
-  if (norm_first) {
-    const Tensor h = add(src, sa(norm1.forward(src)));
-    return add(h, ff(norm2.forward(h)));
-  }
-  const Tensor h = norm1.forward(add(src, sa(src)));
-  return norm2.forward(add(h, ff(h)));
+// One residual block around f: Pre-LN x + f(norm(x)), Post-LN norm(x + f(x)).
+template <class F>
+Tensor residual(bool norm_first, LayerNorm& norm, const Tensor& x, F&& f) {
+  return norm_first ? add(x, f(norm.forward(x))) : norm.forward(add(x, f(x)));
+}
+
+// Its backward; df maps the gradient of f's output to that of its input.
+//   Pre-LN: dx = dy + norm'(df(dy));  Post-LN: g = norm'(dy), dx = g + df(g).
+template <class F>
+Tensor residual_backward(bool norm_first, LayerNorm& norm, const Tensor& dy, F&& df) {
+  if (norm_first) return add(dy, norm.backward(df(dy)));
+  const Tensor g = norm.backward(dy);
+  return add(g, df(g));
+}
+
+// Runs a checkpointed layer's forward again as it first ran: the mode and the
+// generator states of then, so every dropout draws the same seed. The layer's
+// generators and mode are left as they were before.
+template <class Layer, class Inputs, class F>
+void rerun_forward(Layer& layer, const ForwardReplay<Inputs>& replay, F&& forward) {
+  const std::vector<Generator> now = generator_states(layer);
+  const bool mode = layer.is_training();
+  set_generator_states(layer, replay.generators);
+  layer.train(replay.training);
+  forward();
+  set_generator_states(layer, now);
+  layer.train(mode);
 }
 
 }  // namespace
@@ -122,20 +142,38 @@ std::vector<NamedGenerator> TransformerEncoderLayer::named_generators() {
   return out;
 }
 
-void TransformerEncoderLayer::train(bool on) {
-  Module::train(on);
-  set_mode(on, {&self_attn, &linear1, &linear2, &norm1, &norm2, &dropout, &dropout1, &dropout2, &activation_});
+std::vector<Module*> TransformerEncoderLayer::children() {
+  return {&self_attn, &linear1, &linear2, &norm1, &norm2, &dropout, &dropout1, &dropout2, &activation_};
 }
 
-Tensor TransformerEncoderLayer::forward(const Tensor& src, const EncoderInputs& in) {
-  forwarded_ = true;
+void TransformerEncoderLayer::train(bool on) {
+  Module::train(on);
+  for (Module* m : children()) m->train(on);
+}
+
+void TransformerEncoderLayer::release_activations() {
+  for (Module* m : children()) m->release_activations();
+  replay_ = {};
+}
+
+Tensor TransformerEncoderLayer::forward_blocks(const Tensor& src, const EncoderInputs& in) {
   weights_ = Tensor();
   auto sa = [&](const Tensor& x) {
     return attention_block(self_attn, dropout1, x, x, in.src_mask, in.src_key_padding_mask, in.is_causal,
                            in.need_weights ? &weights_ : nullptr, in.attn_bias, in.attn_bias_grad);
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
-  return encoder_blocks(config_.norm_first, norm1, norm2, src, sa, ff);
+  return residual(config_.norm_first, norm2, residual(config_.norm_first, norm1, src, sa), ff);
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const EncoderInputs& in) {
+  forwarded_ = true;
+  if (!config_.checkpoint_activations) return forward_blocks(src, in);
+  ForwardReplay<EncoderInputs> replay{src, {}, in, training_, generator_states(*this)};
+  const Tensor out = forward_blocks(src, in);
+  release_activations();
+  replay_ = std::move(replay);
+  return out;
 }
 
 Tensor TransformerEncoderLayer::forward_cached(const Tensor& src, KVCache& cache, const EncoderInputs& in) {
@@ -143,26 +181,21 @@ Tensor TransformerEncoderLayer::forward_cached(const Tensor& src, KVCache& cache
     return dropout1.forward(self_attn.forward_cached(x, cache, {.is_causal = in.is_causal, .attn_bias = in.attn_bias}));
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
-  return encoder_blocks(config_.norm_first, norm1, norm2, src, sa, ff);
+  return residual(config_.norm_first, norm2, residual(config_.norm_first, norm1, src, sa), ff);
 }
 
 Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
   if (!forwarded_)
     throw StateError("[mha::nn::TransformerEncoderLayer::backward] state: expected a forward call first; got none");
-  // x fed the block as query, key and value: its gradient is the sum.
-  auto sa = [&](const Tensor& g) {
-    const BlockGradients b = attention_block_backward(self_attn, dropout1, g);
-    attn_bias_grad_ = b.dbias;
-    return add(b.dquery, b.dkv);
-  };
+  const bool checkpointed = config_.checkpoint_activations;
+  if (checkpointed) rerun_forward(*this, replay_, [&] { forward_blocks(replay_.input, replay_.inputs); });
+  auto sa = [&](const Tensor& g) { return self_attention_backward(self_attn, dropout1, g, attn_bias_grad_); };
   auto ff = [&](const Tensor& g) { return feed_forward_backward(linear1, activation_, dropout, linear2, dropout2, g); };
-  if (config_.norm_first) {
-    const Tensor dh = add(dy, norm2.backward(ff(dy)));
-    return add(dh, norm1.backward(sa(dh)));
-  }
-  const Tensor g2 = norm2.backward(dy);
-  const Tensor g1 = norm1.backward(add(g2, ff(g2)));
-  return add(g1, sa(g1));
+  const Tensor dh = residual_backward(config_.norm_first, norm2, dy, ff);
+  const Tensor dx = residual_backward(config_.norm_first, norm1, dh, sa);
+  if (checkpointed)  // the recomputed intermediates go, the replay stays
+    for (Module* m : children()) m->release_activations();
+  return dx;
 }
 
 TransformerDecoderLayer::TransformerDecoderLayer(const TransformerDecoderLayerConfig& c, Generator& gen)
@@ -203,55 +236,87 @@ std::vector<NamedGenerator> TransformerDecoderLayer::named_generators() {
   return out;
 }
 
+std::vector<Module*> TransformerDecoderLayer::children() {
+  return {&self_attn, &multihead_attn, &linear1, &linear2,  &norm1,    &norm2,
+          &norm3,     &dropout,        &dropout1, &dropout2, &dropout3, &activation_};
+}
+
 void TransformerDecoderLayer::train(bool on) {
   Module::train(on);
-  set_mode(on, {&self_attn, &multihead_attn, &linear1, &linear2, &norm1, &norm2, &norm3, &dropout, &dropout1,
-                &dropout2, &dropout3, &activation_});
+  for (Module* m : children()) m->train(on);
+}
+
+void TransformerDecoderLayer::release_activations() {
+  for (Module* m : children()) m->release_activations();
+  replay_ = {};
+}
+
+Tensor TransformerDecoderLayer::forward_blocks(const Tensor& tgt, const Tensor& memory, const DecoderInputs& in) {
+  weights_ = cross_weights_ = Tensor();
+  auto sa = [&](const Tensor& x) {
+    return attention_block(self_attn, dropout1, x, x, in.tgt_mask, in.tgt_key_padding_mask, in.tgt_is_causal,
+                           in.need_weights ? &weights_ : nullptr, in.tgt_attn_bias, in.tgt_attn_bias_grad);
+  };
+  auto ca = [&](const Tensor& x) {
+    return attention_block(multihead_attn, dropout2, x, memory, in.memory_mask, in.memory_key_padding_mask,
+                           in.memory_is_causal, in.need_weights ? &cross_weights_ : nullptr);
+  };
+  auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout3, x); };
+  const bool norm_first = config_.norm_first;
+  const Tensor h1 = residual(norm_first, norm1, tgt, sa);
+  const Tensor h2 = residual(norm_first, norm2, h1, ca);
+  return residual(norm_first, norm3, h2, ff);
 }
 
 Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const DecoderInputs& in) {
   forwarded_ = true;
+  if (!config_.checkpoint_activations) return forward_blocks(tgt, memory, in);
+  ForwardReplay<DecoderInputs> replay{tgt, memory, in, training_, generator_states(*this)};
+  const Tensor out = forward_blocks(tgt, memory, in);
+  release_activations();
+  replay_ = std::move(replay);
+  return out;
+}
+
+Tensor TransformerDecoderLayer::forward_cached(const Tensor& tgt, KVCache& cache, const KVCache& memory,
+                                               const DecoderInputs& in) {
   auto sa = [&](const Tensor& x) {
-    return attention_block(self_attn, dropout1, x, x, in.tgt_mask, in.tgt_key_padding_mask, in.tgt_is_causal);
+    return dropout1.forward(self_attn.forward_cached(
+        x, cache, {.key_padding_mask = in.tgt_key_padding_mask, .attn_mask = in.tgt_mask, .is_causal = in.tgt_is_causal,
+                   .attn_bias = in.tgt_attn_bias}));
   };
   auto ca = [&](const Tensor& x) {
-    return attention_block(multihead_attn, dropout2, x, memory, in.memory_mask, in.memory_key_padding_mask,
-                           in.memory_is_causal);
+    return dropout2.forward(multihead_attn.forward_memory(
+        x, memory, {.key_padding_mask = in.memory_key_padding_mask, .attn_mask = in.memory_mask,
+                    .is_causal = in.memory_is_causal}));
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout3, x); };
-  if (config_.norm_first) {
-    const Tensor h1 = add(tgt, sa(norm1.forward(tgt)));
-    const Tensor h2 = add(h1, ca(norm2.forward(h1)));
-    return add(h2, ff(norm3.forward(h2)));
-  }
-  const Tensor h1 = norm1.forward(add(tgt, sa(tgt)));
-  const Tensor h2 = norm2.forward(add(h1, ca(h1)));
-  return norm3.forward(add(h2, ff(h2)));
+  const bool norm_first = config_.norm_first;
+  const Tensor h1 = residual(norm_first, norm1, tgt, sa);
+  const Tensor h2 = residual(norm_first, norm2, h1, ca);
+  return residual(norm_first, norm3, h2, ff);
 }
 
 DecoderGradients TransformerDecoderLayer::backward(const Tensor& dy) {
   if (!forwarded_)
     throw StateError("[mha::nn::TransformerDecoderLayer::backward] state: expected a forward call first; got none");
-  auto sa = [&](const Tensor& g) {
-    const BlockGradients b = attention_block_backward(self_attn, dropout1, g);
-    return add(b.dquery, b.dkv);
+  const bool checkpointed = config_.checkpoint_activations;
+  if (checkpointed)
+    rerun_forward(*this, replay_, [&] { forward_blocks(replay_.input, replay_.memory, replay_.inputs); });
+  DecoderGradients out;
+  auto sa = [&](const Tensor& g) { return self_attention_backward(self_attn, dropout1, g, attn_bias_grad_); };
+  auto ca = [&](const Tensor& g) {
+    const BlockGradients b = attention_block_backward(multihead_attn, dropout2, g);
+    out.dmemory = b.dkv;
+    return b.dquery;
   };
   auto ff = [&](const Tensor& g) { return feed_forward_backward(linear1, activation_, dropout, linear2, dropout3, g); };
-  DecoderGradients out;
-  if (config_.norm_first) {
-    const Tensor dh2 = add(dy, norm3.backward(ff(dy)));
-    const BlockGradients c = attention_block_backward(multihead_attn, dropout2, dh2);
-    const Tensor dh1 = add(dh2, norm2.backward(c.dquery));
-    out.dtgt = add(dh1, norm1.backward(sa(dh1)));
-    out.dmemory = c.dkv;
-    return out;
-  }
-  const Tensor g3 = norm3.backward(dy);
-  const Tensor g2 = norm2.backward(add(g3, ff(g3)));
-  const BlockGradients c = attention_block_backward(multihead_attn, dropout2, g2);
-  const Tensor g1 = norm1.backward(add(g2, c.dquery));
-  out.dtgt = add(g1, sa(g1));
-  out.dmemory = c.dkv;
+  const bool norm_first = config_.norm_first;
+  const Tensor dh2 = residual_backward(norm_first, norm3, dy, ff);
+  const Tensor dh1 = residual_backward(norm_first, norm2, dh2, ca);
+  out.dtgt = residual_backward(norm_first, norm1, dh1, sa);
+  if (checkpointed)
+    for (Module* m : children()) m->release_activations();
   return out;
 }
 

@@ -23,16 +23,19 @@ constexpr const char* kLoad = "mha::train::load_checkpoint";
 
 json config_json(const Checkpoint& info, const std::string& save_id) {
   const nn::LanguageModelConfig& m = info.model;
+  json model = {{"architecture", to_string(info.architecture)}, {"vocab_size", m.vocab_size}, {"d_model", m.d_model},
+                {"nhead", m.nhead}, {"num_layers", m.num_layers}, {"dim_feedforward", m.dim_feedforward},
+                {"dropout", m.dropout}, {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"},
+                {"norm_first", m.norm_first}, {"dtype", to_string(m.dtype)}, {"position", nn::to_string(m.position)},
+                {"max_len", m.max_len}, {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance},
+                {"rope_base", m.rope_base}, {"precision", nn::to_string(m.precision)},
+                {"checkpoint_activations", m.checkpoint_activations}};
+  // An encoder–decoder's num_layers is its decoder's.
+  if (info.architecture == Architecture::encoder_decoder) model["num_encoder_layers"] = info.num_encoder_layers;
   return {{"format", "mha-checkpoint"},
           {"version", 1},
           {"save_id", save_id},
-          {"model",
-           {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"nhead", m.nhead}, {"num_layers", m.num_layers},
-            {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
-            {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"}, {"norm_first", m.norm_first},
-            {"dtype", to_string(m.dtype)}, {"position", nn::to_string(m.position)}, {"max_len", m.max_len},
-            {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance}, {"rope_base", m.rope_base},
-            {"precision", nn::to_string(m.precision)}}},
+          {"model", model},
           {"task",
            {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length},
             {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"reversed_sum", info.task.reversed_sum},
@@ -46,6 +49,15 @@ Checkpoint parse_config(const json& c, const std::string& path) {
   try {
     if (c.at("format") != "mha-checkpoint" || c.at("version") != 1) bad(path, "not an mha checkpoint (version 1)");
     const auto& m = c.at("model");
+    // Checkpoints from before the encoder–decoder are decoder-only.
+    const std::string architecture = m.value("architecture", "decoder");
+    try {
+      info.architecture = parse_architecture(architecture);
+    } catch (const ValueError&) {
+      bad(path, "architecture must be decoder or encoder-decoder; got " + architecture);
+    }
+    if (info.architecture == Architecture::encoder_decoder)
+      info.num_encoder_layers = m.at("num_encoder_layers").get<int64_t>();
     nn::LanguageModelConfig& mc = info.model;
     mc.vocab_size = m.at("vocab_size").get<int64_t>();
     mc.d_model = m.at("d_model").get<int64_t>();
@@ -80,6 +92,7 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     }
     if (mc.precision == nn::Precision::bf16_mixed && mc.dtype != DType::float32)
       bad(path, "precision bf16-mixed needs dtype float32; got " + dtype);
+    mc.checkpoint_activations = m.value("checkpoint_activations", mc.checkpoint_activations);
     const auto& t = c.at("task");
     info.task.task = parse_task(t.at("task").get<std::string>());
     info.task.min_length = t.at("min_length").get<int64_t>();
@@ -122,9 +135,9 @@ size_t fill(const std::vector<nn::NamedParameter>& params, const std::map<std::s
   return used;
 }
 
-std::unique_ptr<nn::LanguageModel> build(const Checkpoint& info) {
+std::unique_ptr<TaskModel> build(const Checkpoint& info) {
   Generator gen(0);
-  return std::make_unique<nn::LanguageModel>(info.model, gen);
+  return make_task_model(info.architecture, info.model, info.num_encoder_layers, gen);
 }
 
 std::string metadata(const io::SafetensorsFile& f, const std::string& key) {
@@ -142,8 +155,11 @@ std::string new_save_id(int64_t steps) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, nn::LanguageModel& model, const Checkpoint& info,
+void save_checkpoint(const std::string& dir, TaskModel& model, const Checkpoint& info,
                      const TrainState* state) {
+  if (info.architecture != model.architecture())
+    throw ValueError("[mha::train::save_checkpoint] info.architecture: expected the model's, " +
+                     to_string(model.architecture()) + "; got " + to_string(info.architecture));
   std::filesystem::create_directories(dir);
   const std::string save_id = new_save_id(info.steps);
   const json config = config_json(info, save_id);

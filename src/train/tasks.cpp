@@ -127,6 +127,36 @@ Batch make_batch(const std::vector<Example>& examples) {
   return b;
 }
 
+Batch make_seq2seq_batch(const std::vector<Example>& examples) {
+  Batch b;
+  b.rows = int64_t(examples.size());
+  for (const Example& e : examples) {
+    b.source_length = std::max<int64_t>(b.source_length, int64_t(e.input.size()));
+    b.length = std::max<int64_t>(b.length, int64_t(e.output.size()) + 1);
+  }
+  b.source.assign(size_t(b.rows * b.source_length), kPad);
+  b.ids.assign(size_t(b.rows * b.length), kPad);
+  b.targets.assign(size_t(b.rows * b.length), -100);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const Example& e = examples[size_t(r)];
+    std::copy(e.input.begin(), e.input.end(), b.source.begin() + r * b.source_length);
+    b.ids[size_t(r * b.length)] = kBos;
+    std::copy(e.output.begin(), e.output.end(), b.ids.begin() + r * b.length + 1);
+    std::copy(e.output.begin(), e.output.end(), b.targets.begin() + r * b.length);
+    b.targets[size_t(r * b.length) + e.output.size()] = kEos;
+  }
+  return b;
+}
+
+Tensor token_tensor(const std::vector<int64_t>& ids, int64_t rows, int64_t length) {
+  if (int64_t(ids.size()) != rows * length)
+    raise<ValueError>("mha::train::token_tensor", "ids", std::to_string(rows * length) + " ids (rows · length)",
+                      std::to_string(ids.size()));
+  Tensor t = Tensor::empty({rows, length}, DType::int64);
+  std::copy(ids.begin(), ids.end(), t.data<int64_t>());
+  return t;
+}
+
 std::string format_tokens(const std::vector<int64_t>& tokens) {
   std::string s;
   for (int64_t t : tokens) {

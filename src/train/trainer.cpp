@@ -11,17 +11,7 @@
 
 namespace mha::train {
 
-namespace {
-
-Tensor ids_tensor(const std::vector<int64_t>& ids, int64_t rows, int64_t length) {
-  Tensor t = Tensor::empty({rows, length}, DType::int64);
-  std::copy(ids.begin(), ids.end(), t.data<int64_t>());
-  return t;
-}
-
-}  // namespace
-
-std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::vector<std::vector<int64_t>>& inputs,
+std::vector<std::vector<int64_t>> generate(TaskModel& model, const std::vector<std::vector<int64_t>>& inputs,
                                            int64_t max_new) {
   const bool was_training = model.is_training();
   model.eval();
@@ -31,16 +21,9 @@ std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::
   for (size_t i = 0; i < inputs.size(); ++i) by_length[inputs[i].size()].push_back(i);
   for (const auto& [length, members] : by_length) {
     const int64_t rows = int64_t(members.size());
-    // The prompts, BOS input SEP, in one step; then one token per step
-    // against the KV cache.
-    std::vector<int64_t> prompts;
-    for (size_t i : members) {
-      prompts.push_back(kBos);
-      prompts.insert(prompts.end(), inputs[i].begin(), inputs[i].end());
-      prompts.push_back(kSep);
-    }
-    model.begin_decode();
-    Tensor logits = model.decode_step(ids_tensor(prompts, rows, int64_t(length) + 2));
+    std::vector<std::vector<int64_t>> group;
+    for (size_t i : members) group.push_back(inputs[i]);
+    Tensor logits = model.start_decoding(group);
     std::vector<bool> done(size_t(rows), false);
     for (int64_t step = 0; step < max_new; ++step) {
       const int64_t T = logits.size(1), V = logits.size(-1);
@@ -58,14 +41,14 @@ std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::
         all_done = all_done && done[size_t(r)];
       }
       if (all_done || step + 1 == max_new) break;
-      logits = model.decode_step(ids_tensor(next, rows, 1));
+      logits = model.decode_step(token_tensor(next, rows, 1));
     }
   }
   model.train(was_training);
   return outputs;
 }
 
-double exact_match(nn::LanguageModel& model, const std::vector<Example>& examples) {
+double exact_match(TaskModel& model, const std::vector<Example>& examples) {
   if (examples.empty()) return 0.0;
   std::vector<std::vector<int64_t>> inputs;
   int64_t longest = 0;
@@ -100,29 +83,29 @@ int64_t target_count(const Batch& b) {
 
 // Micro-batch i contributes (its mean loss gradient) · count_i / Σ count, so
 // the sum is the gradient of the mean over every target of the step.
-StepLoss accumulate_gradients(nn::LanguageModel& model, const std::vector<Example>& examples, int64_t micro) {
+StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro) {
   if (micro < 1) raise<ValueError>("mha::train::accumulate_gradients", "micro_batch", ">= 1", std::to_string(micro));
   std::vector<Batch> batches;
   int64_t total = 0;
   for (size_t first = 0; first < examples.size(); first += size_t(micro)) {
     const auto last = examples.begin() + int64_t(std::min(examples.size(), first + size_t(micro)));
-    batches.push_back(make_batch({examples.begin() + int64_t(first), last}));
+    batches.push_back(model.make_batch({examples.begin() + int64_t(first), last}));
     total += target_count(batches.back());
   }
   StepLoss r;
   model.zero_grad();
   for (const Batch& b : batches) {
-    const Tensor logits = model.forward(ids_tensor(b.ids, b.rows, b.length));
-    nn::CrossEntropyResult loss = nn::cross_entropy(logits, ids_tensor(b.targets, b.rows, b.length));
+    const Tensor logits = model.forward(b);
+    nn::CrossEntropyResult loss = nn::cross_entropy(logits, token_tensor(b.targets, b.rows, b.length));
     const double share = total ? double(loss.count) / double(total) : 0.0;
     scale(loss.dlogits, share);
     model.backward(loss.dlogits);
-    r.loss += loss.loss * share, r.count += loss.count, r.correct += loss.correct, r.tokens += b.rows * b.length;
+    r.loss += loss.loss * share, r.count += loss.count, r.correct += loss.correct, r.tokens += b.rows * (b.source_length + b.length);
   }
   return r;
 }
 
-TrainResult train(nn::LanguageModel& model, const TaskData& data, const TrainConfig& c,
+TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
                   const std::function<void(const TrainProgress&)>& on_progress, TrainState* state,
                   const std::function<void(const TrainState&)>& on_checkpoint) {
   using clock = std::chrono::steady_clock;

@@ -39,23 +39,30 @@ void colour_of(double w, uint8_t rgb[3]) {
   for (int k = 0; k < 3; ++k) rgb[k] = uint8_t(std::lround(kColourAnchors[i][k] * (1 - f) + kColourAnchors[i + 1][k] * f));
 }
 
-GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& tokens) {
+GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& query_tokens,
+                                  const std::vector<std::string>& key_tokens) {
   (void)layers, (void)heads;
-  const int64_t L = int64_t(tokens.size()), label = longest(tokens);
+  const int64_t L = int64_t(query_tokens.size()), S = int64_t(key_tokens.size());
+  const int64_t row_label = longest(query_tokens), column_label = longest(key_tokens);
   GridLayout g;
   g.cell = kCell;
-  g.panel_x0 = 4 + label * kChar + 4;
-  g.panel_y0 = 4 + kLine + 4 + label * kLine + 2;
-  g.panel_stride_x = L * kCell + kGap + label * kChar + 4;
-  g.panel_stride_y = L * kCell + kGap + kLine + 4 + label * kLine + 2;
+  g.panel_x0 = 4 + row_label * kChar + 4;
+  g.panel_y0 = 4 + kLine + 4 + column_label * kLine + 2;
+  g.panel_stride_x = S * kCell + kGap + row_label * kChar + 4;
+  g.panel_stride_y = L * kCell + kGap + kLine + 4 + column_label * kLine + 2;
   return g;
 }
 
-Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& tokens) {
-  const int64_t L = int64_t(tokens.size()), layers = int64_t(weights.size());
-  const int64_t heads = check_attention_weights("mha::viz::attention_grid", weights, L, L);
-  const GridLayout g = attention_grid_layout(layers, heads, tokens);
-  const int64_t label = longest(tokens);
+GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& tokens) {
+  return attention_grid_layout(layers, heads, tokens, tokens);
+}
+
+Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
+                     const std::vector<std::string>& key_tokens) {
+  const int64_t L = int64_t(query_tokens.size()), S = int64_t(key_tokens.size()), layers = int64_t(weights.size());
+  const int64_t heads = check_attention_weights("mha::viz::attention_grid", weights, L, S);
+  const GridLayout g = attention_grid_layout(layers, heads, query_tokens, key_tokens);
+  const int64_t column_label = longest(key_tokens);
   const int64_t width = g.panel_x0 + heads * g.panel_stride_x + kBar + 8 * kChar;
   const int64_t height = g.panel_y0 + layers * g.panel_stride_y;
   Image img(width, height);
@@ -68,12 +75,14 @@ Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::
       title += std::to_string(layer);
       title += " H";
       title += std::to_string(h);
-      draw_text(img, x0, y0 - label * kLine - 2 - kLine - 4, title);
-      for (int64_t j = 0; j < L; ++j) draw_text(img, x0 + j * kCell + 3, y0 - label * kLine - 2, tokens[size_t(j)], true);
+      draw_text(img, x0, y0 - column_label * kLine - 2 - kLine - 4, title);
+      for (int64_t j = 0; j < S; ++j)
+        draw_text(img, x0 + j * kCell + 3, y0 - column_label * kLine - 2, key_tokens[size_t(j)], true);
       for (int64_t i = 0; i < L; ++i) {
-        draw_text(img, x0 - int64_t(tokens[size_t(i)].size()) * kChar - 3, y0 + i * kCell + 2, tokens[size_t(i)]);
-        for (int64_t j = 0; j < L; ++j) {
-          colour_of(w[size_t((h * L + i) * L + j)], c);
+        draw_text(img, x0 - int64_t(query_tokens[size_t(i)].size()) * kChar - 3, y0 + i * kCell + 2,
+                  query_tokens[size_t(i)]);
+        for (int64_t j = 0; j < S; ++j) {
+          colour_of(w[size_t((h * L + i) * S + j)], c);
           for (int64_t dy = 0; dy < kCell - 1; ++dy)
             for (int64_t dx = 0; dx < kCell - 1; ++dx) img.set(x0 + j * kCell + dx, y0 + i * kCell + dy, c[0], c[1], c[2]);
         }
@@ -89,6 +98,32 @@ Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::
   draw_text(img, bx + kBar + 3, by, "1");
   draw_text(img, bx + kBar + 3, by + bh - 7, "0");
   return img;
+}
+
+Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& tokens) {
+  return attention_grid(weights, tokens, tokens);
+}
+
+Image stack_pictures(const std::vector<Image>& images, const std::vector<std::string>& titles) {
+  if (titles.size() != images.size())
+    raise<ShapeError>("mha::viz::stack_pictures", "titles", "one per image (" + std::to_string(images.size()) + ")",
+                      std::to_string(titles.size()));
+  const int64_t title_height = 4 + kLine + 4;
+  int64_t width = 0, height = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    width = std::max({width, images[i].width, 8 + int64_t(titles[i].size()) * kChar});
+    height += title_height + images[i].height;
+  }
+  Image out(width, height);
+  int64_t y = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    draw_text(out, 4, y + 4, titles[i]);
+    y += title_height;
+    for (int64_t row = 0; row < images[i].height; ++row)
+      std::copy_n(images[i].at(0, row), images[i].width * 3, &out.rgb[size_t((y + row) * width * 3)]);
+    y += images[i].height;
+  }
+  return out;
 }
 
 }  // namespace mha::viz

@@ -12,6 +12,7 @@ class ReLU : public Module {
  public:
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  void release_activations() override { saved_x_ = Tensor(); }
 
  private:
   Tensor saved_x_;
@@ -24,6 +25,7 @@ class GELU : public Module {
 
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  void release_activations() override { saved_x_ = Tensor(); }
 
  private:
   Approximate approximate_;

@@ -27,6 +27,11 @@ class Embedding : public Module {
 
   Tensor forward(const Tensor& ids);
   void backward(const Tensor& dy);
+  // The backward of a lookup of `ids`, whichever forward it was: for a table
+  // looked up more than once before backward (an encoder–decoder's shared
+  // embedding). dy: ids's shape + (embedding_dim).
+  void backward(const Tensor& dy, const Tensor& ids);
+  void release_activations() override { saved_ids_ = Tensor(); }
 
   Tensor weight, weight_grad;
 

@@ -1,8 +1,9 @@
 // A decoder-only (GPT-style) Transformer language model:
 //   ids (B, L) int64 → embedding (+ absolute positions: sinusoidal or learned)
-//   → num_layers × TransformerEncoderLayer with a causal mask (batch_first;
-//     relative, rope and alibi positions act inside self-attention)
-//   → final LayerNorm (Pre-LN models) → head: Linear(D → vocab) → logits (B, L, vocab)
+//   → transformer: num_layers × TransformerEncoderLayer with a causal mask
+//     (relative, rope and alibi positions act inside self-attention), then
+//     the final LayerNorm of Pre-LN models (transformer_stack.h)
+//   → head: Linear(D → vocab) → logits (B, L, vocab)
 // backward(dlogits) accumulates every parameter's gradient.
 //
 // Positions (positional.h): sinusoidal (the default) and learned are added to
@@ -17,7 +18,7 @@
 
 #include "mha/nn/embedding.h"
 #include "mha/nn/positional.h"
-#include "mha/nn/transformer.h"
+#include "mha/nn/transformer_stack.h"
 
 namespace mha::nn {
 
@@ -39,6 +40,9 @@ struct LanguageModelConfig {
   // bf16_mixed: every layer's products and the head's take bfloat16
   // operands (mha/nn/precision.h); embeddings, norms and logits stay float32.
   Precision precision = Precision::float32;
+  // Every layer recomputes its forward in backward, keeping only its input
+  // (TransformerEncoderLayerConfig::checkpoint_activations).
+  bool checkpoint_activations = false;
 };
 
 class LanguageModel : public Module {
@@ -51,12 +55,13 @@ class LanguageModel : public Module {
   std::vector<NamedParameter> named_parameters() override;
   std::vector<NamedGenerator> named_generators() override;  // layers.N.*
   void train(bool on = true) override;
+  void release_activations() override;
 
   // need_weights: keep each layer's per-head attention weights, (B, H, L, L),
   // in attention_weights() (for pictures; costs O(L²) per head).
   Tensor forward(const Tensor& ids, bool need_weights = false);
   void backward(const Tensor& dlogits);
-  const std::vector<Tensor>& attention_weights() const { return weights_; }
+  const std::vector<Tensor>& attention_weights() const { return transformer.attention_weights(); }
 
   // Incremental decoding with a KV cache per layer (inference; run in eval
   // mode). begin_decode() forgets the sequence; decode_step(ids (B, L))
@@ -64,25 +69,19 @@ class LanguageModel : public Module {
   // (B, L, vocab), equal to those of forward() over the whole sequence. Each
   // token costs O(decoded_length()) attention work. decode_step overwrites
   // what backward needs: call forward again before a backward.
-  void begin_decode();
+  void begin_decode() { transformer.begin_decode(); }
   Tensor decode_step(const Tensor& ids);
-  int64_t decoded_length() const { return caches_.empty() ? 0 : caches_[0].length; }
+  int64_t decoded_length() const { return transformer.decoded_length(); }
 
+  // Built (and initialised) in this order.
   Embedding embedding;
-  std::optional<Embedding> position_embedding;       // learned: (max_len, D)
-  std::vector<std::unique_ptr<TransformerEncoderLayer>> layers;
-  std::optional<Embedding> relative_attention_bias;  // relative: (num_buckets, H)
-  LayerNorm norm;
   Linear head;
+  TransformerEncoder transformer;               // causal; layers, relative_attention_bias, norm
+  std::optional<Embedding> position_embedding;  // learned: (max_len, D)
 
  private:
   LanguageModelConfig config_;
-  std::vector<Tensor> weights_;
-  std::vector<KVCache> caches_;
-
-  Tensor embed(const Tensor& ids, int64_t offset, const char* fn);
-  Tensor attention_bias(int64_t L, int64_t offset);
-  Tensor logits(const Tensor& x);
+  Tensor ids_;  // the last forward's, for the embeddings' backward
 };
 
 }  // namespace mha::nn

@@ -23,6 +23,7 @@ class LayerNorm : public Module {
 
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  void release_activations() override { saved_xhat_ = saved_rstd_ = Tensor(); }
 
   Tensor weight, bias, weight_grad, bias_grad;
 

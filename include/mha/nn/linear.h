@@ -29,6 +29,7 @@ class Linear : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   void train(bool on = true) override;  // also drops the bfloat16 weight copy
+  void release_activations() override { saved_x_ = Tensor(); }
 
   Tensor weight, bias, weight_grad, bias_grad;
 

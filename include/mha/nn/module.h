@@ -40,6 +40,10 @@ class Module {
 
   // Training mode: dropout active. Containers pass the mode to children.
   virtual void train(bool on = true) { training_ = on; }
+  // Frees what the last forward saved for backward (activation
+  // checkpointing); a backward then needs another forward. Containers pass
+  // it to children.
+  virtual void release_activations() {}
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
@@ -51,5 +55,10 @@ class Module {
 void append_parameters(std::vector<NamedParameter>& out, const std::string& prefix, Module& child);
 // Appends child's generators under "prefix.".
 void append_generators(std::vector<NamedGenerator>& out, const std::string& prefix, Module& child);
+
+// The states of module's generators (named_generators order), and setting
+// them back: a forward run again from the same states draws the same dropout.
+std::vector<Generator> generator_states(Module& module);
+void set_generator_states(Module& module, const std::vector<Generator>& states);
 
 }  // namespace mha::nn

@@ -13,8 +13,9 @@
 //   output like query; weights (N, L, S) averaged over heads, or (N, H, L, S).
 //
 // Extensions (unset, the module is torch's): RoPE on q and k (rotary_base),
-// an additive per-head bias with its gradient (attn_bias), and incremental
-// self-attention against a KV cache (forward_cached).
+// an additive per-head bias with its gradient (attn_bias), incremental
+// self-attention against a KV cache (forward_cached), and cross-attention
+// against keys and values projected once (project_memory, forward_memory).
 // Differences from torch are listed in docs/design.md.
 #pragma once
 
@@ -110,6 +111,7 @@ class MultiheadAttention : public Module {
 
   // Gradients of the last forward's inputs; adds into every parameter's grad.
   MultiheadAttentionInputGradients backward(const Tensor& doutput);
+  void release_activations() override { saved_.reset(); }
 
   // Self-attention for decoding (inference: no dropout, nothing saved for
   // backward). x (L, N, D), (N, L, D) when batch_first, or (L, D): L new
@@ -124,6 +126,17 @@ class MultiheadAttention : public Module {
   Tensor forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& inputs = {});
 
   void train(bool on = true) override;  // also drops the bfloat16 weight copies
+  // Cross-attention for decoding (inference): the keys and values of a
+  // memory that stays the same while queries arrive step by step, projected
+  // once. key (S, N, kdim) and value (S, N, vdim) as forward's (batch_first:
+  // (N, S, ·); unbatched (S, ·)) → a KVCache of (N, S, D) and length S.
+  // Refused with rotary_base, add_bias_kv or add_zero_attn.
+  KVCache project_memory(const Tensor& key, const Tensor& value);
+  // query's rows against that memory: equal to the rows of forward(query_all,
+  // key, value) with the same masks. Of `inputs`, key_padding_mask (N, S) and
+  // attn_mask (L, S) or (N·H, L, S) apply (no weights are returned); is_causal
+  // and attn_bias are refused. O(S · D) attention work per query row.
+  Tensor forward_memory(const Tensor& query, const KVCache& memory, const MultiheadAttentionInputs& inputs = {});
 
   // Parameters, public so that tests and tools can set them.
   Tensor in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias;

@@ -12,6 +12,13 @@
 // The decoder adds cross-attention to the encoder output (memory) between
 // its masked self-attention and the feed-forward network, each block with its
 // residual connection and norm (norm1, norm2, norm3; dropout1..3).
+//
+// Activation checkpointing (config.checkpoint_activations): forward keeps
+// only its inputs and the states of the layer's dropout generators, and frees
+// every intermediate; backward first runs the forward again from them (the
+// same dropout draws, so bit-identical activations), then its own backward,
+// and frees the intermediates again. A layer then holds one input between
+// forward and backward instead of all its activations.
 #pragma once
 
 #include "mha/nn/activation.h"
@@ -36,6 +43,7 @@ struct TransformerEncoderLayerConfig {
   DType dtype = DType::float32;  // float32 or float64
   std::optional<double> rotary_base;  // RoPE in self-attention (MultiheadAttentionConfig::rotary_base)
   Precision precision = Precision::float32;  // of the attention blocks and linear1/linear2 (mha/nn/precision.h)
+  bool checkpoint_activations = false;  // recompute the forward in backward (above)
 };
 
 // ReLU or GELU, chosen at construction.
@@ -44,11 +52,24 @@ class ActivationLayer : public Module {
   explicit ActivationLayer(Activation kind) : kind_(kind) {}
   Tensor forward(const Tensor& x) { return kind_ == Activation::relu ? relu_.forward(x) : gelu_.forward(x); }
   Tensor backward(const Tensor& dy) { return kind_ == Activation::relu ? relu_.backward(dy) : gelu_.backward(dy); }
+  void release_activations() override {
+    relu_.release_activations();
+    gelu_.release_activations();
+  }
 
  private:
   Activation kind_;
   ReLU relu_;
   GELU gelu_;
+};
+
+// What a checkpointed layer keeps of its forward to run it again in backward.
+template <class Inputs>
+struct ForwardReplay {
+  Tensor input, memory;  // memory: the decoder layer's
+  Inputs inputs;
+  bool training = false;
+  std::vector<Generator> generators;  // their states before the forward
 };
 
 struct EncoderInputs {
@@ -69,6 +90,7 @@ class TransformerEncoderLayer : public Module {
   std::vector<NamedParameter> named_parameters() override;
   std::vector<NamedGenerator> named_generators() override;
   void train(bool on = true) override;
+  void release_activations() override;
 
   Tensor forward(const Tensor& src, const EncoderInputs& inputs = {});
   Tensor backward(const Tensor& dy);
@@ -92,6 +114,10 @@ class TransformerEncoderLayer : public Module {
   ActivationLayer activation_;
   bool forwarded_ = false;
   Tensor weights_, attn_bias_grad_;
+  ForwardReplay<EncoderInputs> replay_;
+
+  std::vector<Module*> children();
+  Tensor forward_blocks(const Tensor& src, const EncoderInputs& inputs);
 };
 
 // The decoder layer takes the encoder's configuration (same fields).
@@ -104,6 +130,9 @@ struct DecoderInputs {
   Tensor memory_key_padding_mask;  // (N, S) or (S)
   bool tgt_is_causal = false;
   bool memory_is_causal = false;
+  bool need_weights = false;       // keep both attentions' per-head weights
+  Tensor tgt_attn_bias;            // self-attention's additive (1 or N, H, T, T) bias
+  bool tgt_attn_bias_grad = false; // backward keeps its gradient in attn_bias_grad()
 };
 
 struct DecoderGradients {
@@ -119,10 +148,24 @@ class TransformerDecoderLayer : public Module {
   std::vector<NamedParameter> named_parameters() override;
   std::vector<NamedGenerator> named_generators() override;
   void train(bool on = true) override;
+  void release_activations() override;
 
   // tgt (T, N, D), memory (S, N, D) (batch_first: (N, T, D), (N, S, D)).
   Tensor forward(const Tensor& tgt, const Tensor& memory, const DecoderInputs& inputs = {});
   DecoderGradients backward(const Tensor& dy);
+  // (N, H, T, T) self-attention and (N, H, T, S) cross-attention weights of
+  // the last forward with need_weights (else undefined).
+  const Tensor& last_attention_weights() const { return weights_; }
+  const Tensor& last_cross_attention_weights() const { return cross_weights_; }
+  // The last backward's gradient of inputs.tgt_attn_bias (when tgt_attn_bias_grad).
+  const Tensor& attn_bias_grad() const { return attn_bias_grad_; }
+
+  // Decoding (inference): tgt holds new tokens. Self-attention runs
+  // forward_cached against `cache` (tgt_is_causal and tgt_attn_bias apply,
+  // the bias (1 or N, H, T_new, cache.length + T_new)); cross-attention runs
+  // multihead_attn.forward_memory against `memory`, its project_memory of the
+  // encoder output (memory_key_padding_mask and memory_mask apply).
+  Tensor forward_cached(const Tensor& tgt, KVCache& cache, const KVCache& memory, const DecoderInputs& inputs = {});
 
   MultiheadAttention self_attn, multihead_attn;
   Linear linear1, linear2;
@@ -133,6 +176,11 @@ class TransformerDecoderLayer : public Module {
   TransformerDecoderLayerConfig config_;
   ActivationLayer activation_;
   bool forwarded_ = false;
+  Tensor weights_, cross_weights_, attn_bias_grad_;
+  ForwardReplay<DecoderInputs> replay_;
+
+  std::vector<Module*> children();
+  Tensor forward_blocks(const Tensor& tgt, const Tensor& memory, const DecoderInputs& inputs);
 };
 
 // a + b, element-wise, same shape and dtype (the residual connections).

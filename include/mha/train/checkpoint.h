@@ -1,6 +1,8 @@
-// Checkpoints of a trained LanguageModel, in DIR:
+// Checkpoints of a trained model of either architecture, in DIR:
 //   model.safetensors        every parameter under torch-style names
-//   config.json              model, task, seed and steps
+//                            (encoder.layers.0.self_attn.in_proj_weight, …)
+//   config.json              model (with its architecture; configs without
+//                            one are decoder-only), task, seed and steps
 //   train_state.safetensors  (training checkpoints) the parameters again, the
 //                            AdamW moments, and in its metadata the config,
 //                            the step, the data generator and the model's
@@ -18,26 +20,29 @@
 #include <memory>
 #include <string>
 
-#include "mha/nn/language_model.h"
+#include "mha/train/task_model.h"
 #include "mha/train/tasks.h"
 #include "mha/train/trainer.h"
 
 namespace mha::train {
 
 struct Checkpoint {
-  nn::LanguageModelConfig model;
+  nn::LanguageModelConfig model;  // the decoder-only model, or the encoder–decoder's decoder
   TaskConfig task;
   uint64_t seed = 0;  // the task data's seed: the same held-out split on reload
   int64_t steps = 0;
+  Architecture architecture = Architecture::decoder;
+  int64_t num_encoder_layers = 0;  // encoder-decoder
 };
 
 // state: also write train_state.safetensors (with the model's generators).
-void save_checkpoint(const std::string& dir, nn::LanguageModel& model, const Checkpoint& info,
+// info.architecture must be the model's (ValueError otherwise).
+void save_checkpoint(const std::string& dir, TaskModel& model, const Checkpoint& info,
                      const TrainState* state = nullptr);
 
 struct LoadedCheckpoint {
   Checkpoint info;
-  std::unique_ptr<nn::LanguageModel> model;  // in eval mode
+  std::unique_ptr<TaskModel> model;  // in eval mode
   std::unique_ptr<TrainState> state;         // load_training_checkpoint only
 };
 

@@ -5,7 +5,9 @@
 //   sort     x1 … xn      → the digits in ascending order
 //   add      a + b        → the digits of a + b (a, b with 1 … digits digits)
 // A sequence for the decoder-only model is  BOS input SEP output EOS, padded
-// with PAD; the model is trained to predict each token after SEP.
+// with PAD; the model is trained to predict each token after SEP. An
+// encoder–decoder reads the input as its source and BOS output as its
+// target, and is trained to predict output EOS.
 #pragma once
 
 #include <cstdint>
@@ -66,8 +68,17 @@ class TaskData {
 struct Batch {
   std::vector<int64_t> ids, targets;
   int64_t rows = 0, length = 0;
+  std::vector<int64_t> source;  // encoder–decoder: the inputs (B, S), padded with PAD
+  int64_t source_length = 0;
 };
 Batch make_batch(const std::vector<Example>& examples);
+// For an encoder–decoder: source (B, S) = the inputs, ids (B, T) = BOS
+// output, targets (B, T) = output EOS; padding is PAD in source and ids, -100
+// in targets.
+Batch make_seq2seq_batch(const std::vector<Example>& examples);
+
+// Token ids as an int64 tensor (rows, length).
+Tensor token_tensor(const std::vector<int64_t>& ids, int64_t rows, int64_t length);
 
 std::string format_tokens(const std::vector<int64_t>& tokens);  // "3 1 4 + 1 5"
 

@@ -1,10 +1,11 @@
-// Training a LanguageModel on a task: AdamW, linear warm-up then cosine decay,
-// gradient clipping; evaluation by greedy decoding on the held-out split.
+// Training a model of either architecture (task_model.h) on a task: AdamW,
+// linear warm-up then cosine decay, gradient clipping; evaluation by greedy
+// decoding on the held-out split.
 #pragma once
 
 #include <functional>
 
-#include "mha/nn/language_model.h"
+#include "mha/train/task_model.h"
 #include "mha/train/tasks.h"
 
 namespace mha::train {
@@ -53,7 +54,7 @@ struct TrainResult {
 // Trains from scratch, or continues from *state when it holds a step > 0; on
 // return *state (if given) is where the run stopped. on_checkpoint gets the
 // state after every checkpoint_every steps (to save it with the model).
-TrainResult train(nn::LanguageModel& model, const TaskData& data, const TrainConfig& config,
+TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& config,
                   const std::function<void(const TrainProgress&)>& on_progress = {}, TrainState* state = nullptr,
                   const std::function<void(const TrainState&)>& on_checkpoint = {});
 
@@ -64,14 +65,14 @@ struct StepLoss {
   double loss = 0;
   int64_t count = 0, correct = 0, tokens = 0;  // targets, right argmaxes, tokens run
 };
-StepLoss accumulate_gradients(nn::LanguageModel& model, const std::vector<Example>& examples, int64_t micro_batch);
+StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro_batch);
 
-// Greedy decoding with a KV cache (LanguageModel::decode_step): the output
-// tokens after BOS input SEP, up to EOS or max_new.
-std::vector<std::vector<int64_t>> generate(nn::LanguageModel& model, const std::vector<std::vector<int64_t>>& inputs,
+// Greedy decoding with KV caches (TaskModel::start_decoding, decode_step):
+// the output tokens of each input, up to EOS or max_new.
+std::vector<std::vector<int64_t>> generate(TaskModel& model, const std::vector<std::vector<int64_t>>& inputs,
                                            int64_t max_new);
 
 // Fraction of examples whose greedy output equals the expected output exactly.
-double exact_match(nn::LanguageModel& model, const std::vector<Example>& examples);
+double exact_match(TaskModel& model, const std::vector<Example>& examples);
 
 }  // namespace mha::train

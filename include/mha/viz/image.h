@@ -31,6 +31,13 @@ void colour_of(double w, uint8_t rgb[3]);
 // weights: one (H, L, L) tensor per layer (queries in rows, keys in columns);
 // tokens: L labels. Rows of panels are layers, columns are heads.
 Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& tokens);
+// The same for (H, L, S) weights (cross-attention): L query and S key labels.
+Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
+                     const std::vector<std::string>& key_tokens);
+
+// Pictures one under another, each under its title (ShapeError unless there
+// is one title per picture).
+Image stack_pictures(const std::vector<Image>& images, const std::vector<std::string>& titles);
 
 // Geometry of attention_grid, for tests and tools: the top-left pixel of
 // panel (layer, head) and the size of one cell.
@@ -38,5 +45,7 @@ struct GridLayout {
   int64_t cell, panel_x0, panel_y0, panel_stride_x, panel_stride_y;
 };
 GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& tokens);
+GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vector<std::string>& query_tokens,
+                                  const std::vector<std::string>& key_tokens);
 
 }  // namespace mha::viz

@@ -1,0 +1,61 @@
+// Settings checks and token embeddings shared by the two models.
+#include "nn/model_util.h"
+
+#include "nn/layer_util.h"
+
+namespace mha::nn {
+
+EmbeddingConfig checked_token_embedding(const LanguageModelConfig& c, const char* fn) {
+  if (c.num_layers <= 0) raise<ValueError>(fn, "num_layers", "> 0", std::to_string(c.num_layers));
+  if (c.position == Position::learned && c.max_len <= 0)
+    raise<ValueError>(fn, "max_len", "> 0 (learned positions)", std::to_string(c.max_len));
+  if (c.position == Position::relative && c.num_buckets < 2)
+    raise<ValueError>(fn, "num_buckets", ">= 2 (relative positions)", std::to_string(c.num_buckets));
+  if (c.position == Position::relative && c.max_distance <= c.num_buckets / 2)
+    raise<ValueError>(fn, "max_distance", "> num_buckets / 2 = " + std::to_string(c.num_buckets / 2) +
+                      " (relative positions)", std::to_string(c.max_distance));
+  if (c.position == Position::rope && c.nhead > 0 && (c.d_model % c.nhead != 0 || (c.d_model / c.nhead) % 2 != 0))
+    raise<ValueError>(fn, "d_model", "an even multiple of nhead = " + std::to_string(c.nhead) +
+                      " (rope rotates pairs of each head's dims)", std::to_string(c.d_model));
+  return {.num_embeddings = c.vocab_size, .embedding_dim = c.d_model, .dtype = c.dtype};
+}
+
+TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_layers) {
+  const std::optional<double> rotary = c.position == Position::rope ? std::optional(c.rope_base) : std::nullopt;
+  return {.layer = {.d_model = c.d_model, .nhead = c.nhead, .dim_feedforward = c.dim_feedforward, .dropout = c.dropout,
+                    .activation = c.activation, .batch_first = true, .norm_first = c.norm_first, .dtype = c.dtype,
+                    .rotary_base = rotary, .precision = c.precision, .checkpoint_activations = c.checkpoint_activations},
+          .num_layers = num_layers,
+          .position = c.position,
+          .num_buckets = c.num_buckets,
+          .max_distance = c.max_distance};
+}
+
+void make_position_embedding(std::optional<Embedding>& table, const LanguageModelConfig& c, Generator& gen) {
+  if (c.position == Position::learned)
+    table.emplace(EmbeddingConfig{.num_embeddings = c.max_len, .embedding_dim = c.d_model, .dtype = c.dtype}, gen);
+}
+
+void check_ids(const Tensor& ids, const char* fn, const char* name) {
+  check_defined(ids, fn, name);
+  if (ids.dim() != 2) raise<ShapeError>(fn, name, "(B, L)", shape_string(ids.shape()));
+}
+
+Tensor embed_tokens(Embedding& tokens, std::optional<Embedding>& positions, const LanguageModelConfig& c,
+                    const Tensor& ids, int64_t offset, const char* fn) {
+  const int64_t B = ids.size(0), L = ids.size(1);
+  Tensor x = tokens.forward(ids);
+  if (c.position == Position::sinusoidal) return add_sinusoidal_encoding(x, true, offset);
+  if (c.position != Position::learned) return x;
+  if (offset + L > c.max_len)
+    raise<ValueError>(fn, "ids", "at most max_len = " + std::to_string(c.max_len) +
+                      " positions (learned position embedding)", "positions up to " + std::to_string(offset + L));
+  return add(x, positions->forward(position_ids(B, L, offset)));
+}
+
+void embed_tokens_backward(Embedding& tokens, std::optional<Embedding>& positions, const Tensor& ids, const Tensor& dy) {
+  if (positions) positions->backward(dy, position_ids(ids.size(0), ids.size(1)));
+  tokens.backward(dy, ids);
+}
+
+}  // namespace mha::nn
