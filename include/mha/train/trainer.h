@@ -11,7 +11,7 @@
 namespace mha::train {
 
 struct TrainConfig {
-  int64_t steps = 1000;
+  int64_t steps = 1500;
   int64_t batch_size = 32;
   double lr = 6e-3;
   double min_lr = 6e-4;
