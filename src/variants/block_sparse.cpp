@@ -28,18 +28,9 @@ struct Problem {
 
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const BlockSparseOptions& o,
                      const std::string& fn) {
-  variants::check_operand(q, fn, "query", "(…, L, E)");
-  variants::check_operand(k, fn, "key", "(…, S, E)");
-  variants::check_operand(v, fn, "value", "(…, S, Ev)");
-  variants::check_same_dtype(k, q, fn, "key", "query");
-  variants::check_same_dtype(v, q, fn, "value", "query");
-  variants::check_same_leading(k, q, 2, fn, "key", "query");
-  variants::check_same_leading(v, q, 2, fn, "value", "query");
-  variants::check_size(k, -1, q.size(-1), fn, "key", "E = " + std::to_string(q.size(-1)) + " (query's)");
-  variants::check_size(v, -2, k.size(-2), fn, "value", "S = " + std::to_string(k.size(-2)) + " (key's)");
+  const variants::QkvSizes n = variants::check_qkv(q, k, v, fn);
   Problem p;
-  p.L = q.size(-2), p.S = k.size(-2), p.E = q.size(-1), p.Ev = v.size(-1);
-  p.batch = shape_numel(variants::leading(q.shape(), 2));
+  p.batch = n.batch, p.L = n.L, p.S = n.S, p.E = n.E, p.Ev = n.Ev;
   variants::check_layout(o.layout, p.L, p.S, fn, "options.layout");
   p.scale = variants::resolve_scale(o.scale, p.E, fn);
   p.causal = o.causal;
@@ -215,9 +206,8 @@ AttentionGradients block_sparse_attention_backward(const Tensor& dout, const Ten
   const std::string fn = "mha::block_sparse_attention_backward";
   const Problem p = make_problem(query, key, value, options, fn);
   const Shape lead = variants::leading(query.shape(), 2), out_shape = variants::with_tail(lead, {p.L, p.Ev});
-  variants::check_tensor_as(dout, out_shape, query.dtype(), fn, "dout");
-  variants::check_tensor_as(forward_result.out, out_shape, query.dtype(), fn, "forward.out");
-  variants::check_tensor_as(forward_result.lse, variants::with_tail(lead, {p.L}), query.dtype(), fn, "forward.lse");
+  variants::check_saved(dout, out_shape, {{&forward_result.out, "forward.out"}}, variants::with_tail(lead, {p.L}),
+                        {{&forward_result.lse, "forward.lse"}}, query.dtype(), fn);
   AttentionGradients g{Tensor::zeros(query.shape(), query.dtype()), Tensor::zeros(key.shape(), query.dtype()),
                        Tensor::zeros(value.shape(), query.dtype()), Tensor()};
   dispatch_real(query.dtype(), [&](auto tag) {

@@ -62,6 +62,27 @@ void check_at_least(int64_t value, int64_t minimum, const std::string& fn, const
   if (value < minimum) raise<ValueError>(fn, name, ">= " + std::to_string(minimum), std::to_string(value));
 }
 
+QkvSizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const std::string& fn) {
+  check_operand(q, fn, "query", "(…, L, E)");
+  check_operand(k, fn, "key", "(…, S, E)");
+  check_operand(v, fn, "value", "(…, S, Ev)");
+  check_same_dtype(k, q, fn, "key", "query");
+  check_same_dtype(v, q, fn, "value", "query");
+  check_same_leading(k, q, 2, fn, "key", "query");
+  check_same_leading(v, q, 2, fn, "value", "query");
+  check_size(k, -1, q.size(-1), fn, "key", "E = " + std::to_string(q.size(-1)) + " (query's)");
+  check_size(v, -2, k.size(-2), fn, "value", "S = " + std::to_string(k.size(-2)) + " (key's)");
+  return {shape_numel(leading(q.shape(), 2)), q.size(-2), k.size(-2), q.size(-1), v.size(-1)};
+}
+
+void check_saved(const Tensor& dout, const Shape& shape, std::initializer_list<std::pair<const Tensor*, const char*>> full,
+                 const Shape& row_shape, std::initializer_list<std::pair<const Tensor*, const char*>> rows, DType dtype,
+                 const std::string& fn) {
+  check_tensor_as(dout, shape, dtype, fn, "dout");
+  for (auto [t, name] : full) check_tensor_as(*t, shape, dtype, fn, name);
+  for (auto [t, name] : rows) check_tensor_as(*t, row_shape, dtype, fn, name);
+}
+
 void add_into(Tensor& dst, const Tensor& src) {
   dispatch_real(dst.dtype(), [&](auto tag) {
     using T = decltype(tag);

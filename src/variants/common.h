@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "check.h"
 #include "mha/tensor.h"
@@ -55,6 +56,21 @@ template <class T>
 constexpr DType dtype_of() {
   return std::is_same_v<T, double> ? DType::float64 : DType::float32;
 }
+
+// Sizes of a checked (query, key, value) triple.
+struct QkvSizes {
+  int64_t batch = 1, L = 0, S = 0, E = 0, Ev = 0;
+};
+
+// query (…, L, E), key (…, S, E), value (…, S, Ev): checked operands of one
+// dtype with the same leading dims, E and S matching.
+QkvSizes check_qkv(const Tensor& query, const Tensor& key, const Tensor& value, const std::string& fn);
+
+// Checks dout and the saved tensors of a forward call: each has `shape` (or, for
+// the second list, `row_shape`) and the query's dtype.
+void check_saved(const Tensor& dout, const Shape& shape, std::initializer_list<std::pair<const Tensor*, const char*>> full,
+                 const Shape& row_shape, std::initializer_list<std::pair<const Tensor*, const char*>> rows, DType dtype,
+                 const std::string& fn);
 
 // Adds src (any strides, the shape of dst) into dst (contiguous, same dtype).
 void add_into(Tensor& dst, const Tensor& src);
