@@ -7,7 +7,7 @@
 
 #include "mha/variants/linear_attention.h"
 #include "mha/variants/performer.h"
-#include "testing.h"
+#include "variants_testing.h"
 
 using namespace mha;
 using namespace mha::testing;
@@ -53,13 +53,6 @@ void check_gradients(const std::string& name, const Shape& qs, const Shape& ks, 
   EXPECT_LT(ek, 1e-6) << "dkey";
   EXPECT_LT(ev, 1e-6) << "dvalue";
   std::printf("  %-40s relative error dq %.1e dk %.1e dv %.1e\n", name.c_str(), eq, ek, ev);
-}
-
-double relative_error(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector(), y = b.to_vector();
-  double d = 0, n = 0;
-  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
-  return std::sqrt(d / n);
 }
 
 }  // namespace

@@ -19,6 +19,14 @@ void expect_message(F&& f, const std::string& fragment) {
   }
 }
 
+// ||a - b|| / ||b|| over all elements: an approximation's error against the exact result.
+inline double relative_error(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double d = 0, n = 0;
+  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
+  return std::sqrt(d / n);
+}
+
 struct GradientOf {
   const char* name;
   Tensor input;     // float64; moved by ±h in place
