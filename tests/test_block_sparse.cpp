@@ -2,10 +2,8 @@
 // layout's dense mask (strided and BigBird patterns, causal or not, odd sizes,
 // partial last blocks, L != S), finite-difference gradients in double, rows
 // that see nothing, the layouts themselves, and the typed errors.
-#include <cstdio>
-
 #include "mha/variants/block_sparse.h"
-#include "testing.h"
+#include "variants_testing.h"
 
 using namespace mha;
 using namespace mha::testing;
@@ -46,18 +44,12 @@ void compare_with_dense(const Case& c) {
 }
 
 void check_gradients(const Case& c) {
-  SCOPED_TRACE(c.name);
   Tensor q = random_tensor(c.q, 11), k = random_tensor(c.k, 12), v = random_tensor(c.v, 13);
   BlockSparseOutput fwd = block_sparse_attention_forward(q, k, v, c.options);
   Tensor r = random_tensor(fwd.out.shape(), 14);
   AttentionGradients g = block_sparse_attention_backward(r, q, k, v, fwd, c.options);
-  auto loss = [&] { return weighted_sum(block_sparse_attention_forward(q, k, v, c.options).out, r); };
-  const double eq = gradient_error(q, g.dquery, loss), ek = gradient_error(k, g.dkey, loss),
-               ev = gradient_error(v, g.dvalue, loss);
-  EXPECT_LT(eq, 1e-6) << "dquery";
-  EXPECT_LT(ek, 1e-6) << "dkey";
-  EXPECT_LT(ev, 1e-6) << "dvalue";
-  std::printf("  %-36s relative error dq %.1e dk %.1e dv %.1e\n", c.name.c_str(), eq, ek, ev);
+  expect_gradients(c.name, r, [&] { return block_sparse_attention_forward(q, k, v, c.options).out; },
+                   {{"dq", q, g.dquery}, {"dk", k, g.dkey}, {"dv", v, g.dvalue}});
 }
 
 // A layout given row by row (for L != S and for empty rows).
@@ -157,29 +149,21 @@ TEST(BlockSparse, Layouts) {
 TEST(BlockSparse, Errors) {
   Tensor q = random_tensor({2, 10, 4}, 1), k = random_tensor({2, 10, 4}, 2), v = random_tensor({2, 10, 3}, 3);
   const BlockSparseOptions o{.layout = strided_layout(10, {.block = 4})};
-  auto expect = [](auto f, const std::string& fragment) {
-    try {
-      f();
-      ADD_FAILURE() << "no exception; expected " << fragment;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    }
-  };
-  expect([&] { block_sparse_attention_forward(q, k, v, {.layout = strided_layout(13, {.block = 4})}); },
+  expect_message([&] { block_sparse_attention_forward(q, k, v, {.layout = strided_layout(13, {.block = 4})}); },
          "[mha::block_sparse_attention_forward] options.layout: expected 3 x 3 blocks of 4 for L = 10, S = 10; got 4 x 4");
-  expect([&] { block_sparse_attention_forward(q, k.to(DType::float32), v, o); },
+  expect_message([&] { block_sparse_attention_forward(q, k.to(DType::float32), v, o); },
          "[mha::block_sparse_attention_forward] key: expected query's dtype float64; got float32");
-  expect([&] { block_sparse_attention_forward(q.to(DType::bfloat16), k, v, o); }, "query: expected float32 or float64; got bfloat16");
-  expect([&] { block_sparse_attention_forward(q, random_tensor({3, 10, 4}, 1), v, o); },
+  expect_message([&] { block_sparse_attention_forward(q.to(DType::bfloat16), k, v, o); }, "query: expected float32 or float64; got bfloat16");
+  expect_message([&] { block_sparse_attention_forward(q, random_tensor({3, 10, 4}, 1), v, o); },
          "key: expected the leading dims (2,) of query (2, 10, 4); got (3, 10, 4)");
-  expect([&] { block_sparse_attention_forward(q, k, random_tensor({2, 9, 3}, 1), o); }, "value: expected dim -2 S = 10 (key's)");
+  expect_message([&] { block_sparse_attention_forward(q, k, random_tensor({2, 9, 3}, 1), o); }, "value: expected dim -2 S = 10 (key's)");
   BlockSparseOptions unsorted = o;
   std::swap(unsorted.layout.key_block[0], unsorted.layout.key_block[1]);
-  expect([&] { block_sparse_attention_forward(q, k, v, unsorted); }, "options.layout.key_block: expected strictly ascending");
-  expect([&] { strided_layout(10, {.block = 0}); }, "[mha::strided_layout] pattern.block: expected >= 1; got 0");
-  expect([&] { bigbird_layout(10, {.random_blocks = -1}); }, "[mha::bigbird_layout] pattern.random_blocks: expected >= 0; got -1");
+  expect_message([&] { block_sparse_attention_forward(q, k, v, unsorted); }, "options.layout.key_block: expected strictly ascending");
+  expect_message([&] { strided_layout(10, {.block = 0}); }, "[mha::strided_layout] pattern.block: expected >= 1; got 0");
+  expect_message([&] { bigbird_layout(10, {.random_blocks = -1}); }, "[mha::bigbird_layout] pattern.random_blocks: expected >= 0; got -1");
   BlockSparseOutput f = block_sparse_attention_forward(q, k, v, o);
-  expect([&] { block_sparse_attention_backward(random_tensor({2, 10, 4}, 1), q, k, v, f, o); },
+  expect_message([&] { block_sparse_attention_backward(random_tensor({2, 10, 4}, 1), q, k, v, f, o); },
          "[mha::block_sparse_attention_backward] dout: expected shape (2, 10, 3); got (2, 10, 4)");
-  expect([&] { block_sparse_attention_backward(f.out, q, k, v, {f.out, Tensor()}, o); }, "forward.lse: expected a defined tensor");
+  expect_message([&] { block_sparse_attention_backward(f.out, q, k, v, {f.out, Tensor()}, o); }, "forward.lse: expected a defined tensor");
 }
