@@ -135,12 +135,12 @@ void backward(const Problem& p, const T* dout, const T* out, const T* lse, T* dq
   const T* K = p.k.data<T>();
   const T* V = p.v.data<T>();
   const T scale = T(p.scale);
-  std::vector<T> D(static_cast<size_t>(p.batch * L));  // D_i = dout_i·out_i
+  variants::Buffer<T> D(p.batch * L);  // D_i = dout_i·out_i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < p.batch * L; ++i) {
     T d = 0;
     for (int64_t e = 0; e < Ev; ++e) d += dout[i * Ev + e] * out[i * Ev + e];
-    D[size_t(i)] = d;
+    D[i] = d;
   }
   std::vector<int64_t> col_begin, query_block;
   transpose_layout(lay, col_begin, query_block);
@@ -154,7 +154,7 @@ void backward(const Problem& p, const T* dout, const T* out, const T* lse, T* dq
       cpu::gemm<T>(false, true, rows, cols, Ev, T(1), dout + (b * L + i0) * Ev, Ev, V + (b * S + j0) * Ev, Ev, T(0),
                    dp.data(), blk);
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) dp[size_t(r * blk + c)] = s[size_t(r * blk + c)] * (dp[size_t(r * blk + c)] - D[size_t(b * L + i0 + r)]);
+        for (int64_t c = 0; c < cols; ++c) dp[size_t(r * blk + c)] = s[size_t(r * blk + c)] * (dp[size_t(r * blk + c)] - D[b * L + i0 + r]);
       return true;
     };
     // Pass 1: dq_i = scale Σ_j dS_ij k_j, by query blocks.

@@ -3,6 +3,7 @@
 // dtype, checks them here, then hands contiguous rows to its kernel.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -54,8 +55,35 @@ decltype(auto) dispatch_real(DType t, F&& f) {
 
 template <class T>
 constexpr DType dtype_of() {
-  return std::is_same_v<T, double> ? DType::float64 : DType::float32;
+  if constexpr (std::is_same_v<T, double>) return DType::float64;
+  else if constexpr (std::is_same_v<T, int64_t>) return DType::int64;
+  else if constexpr (std::is_same_v<T, bool>) return DType::boolean;
+  else return DType::float32;
 }
+
+// Kernel scratch of n elements of T (uninitialised, or filled with `value`),
+// held in a Tensor: the CPU allocator keeps blocks of 1 MiB and more for the
+// next call, where a std::vector would map fresh pages every time, and a
+// fresh page costs a fault (2-20 µs on the development VM), more than the
+// work done on it.
+template <class T>
+class Buffer {
+ public:
+  explicit Buffer(int64_t n)
+      : holder_(Tensor::empty({n > 0 ? n : 1}, dtype_of<T>())), data_(holder_.data<T>()), size_(n) {}
+  Buffer(int64_t n, T value) : Buffer(n) { std::fill(data_, data_ + n, value); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T& operator[](int64_t i) { return data_[i]; }
+  const T& operator[](int64_t i) const { return data_[i]; }
+  int64_t size() const { return size_; }
+
+ private:
+  Tensor holder_;
+  T* data_;
+  int64_t size_;
+};
 
 // Sizes of a checked (query, key, value) triple.
 struct QkvSizes {

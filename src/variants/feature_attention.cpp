@@ -27,11 +27,12 @@ namespace {
 constexpr int64_t kChunk = 64;
 
 template <class T>
-std::vector<T> augmented(const T* v, int64_t S, int64_t Ev) {
-  std::vector<T> out(static_cast<size_t>(S * (Ev + 1)));
+Buffer<T> augmented(const T* v, int64_t S, int64_t Ev) {
+  Buffer<T> out(S * (Ev + 1));
+#pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < S; ++j) {
-    std::copy(v + j * Ev, v + (j + 1) * Ev, out.begin() + j * (Ev + 1));
-    out[size_t(j * (Ev + 1) + Ev)] = T(1);
+    std::copy(v + j * Ev, v + (j + 1) * Ev, out.data() + j * (Ev + 1));
+    out[j * (Ev + 1) + Ev] = T(1);
   }
   return out;
 }
@@ -85,8 +86,8 @@ template <class T>
 void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, const T* pk, const T* v, T* out,
                                T* normalizer) {
   const int64_t L = n.L, S = n.S, F = n.F, Ev = n.Ev, W = Ev + 1;
-  const std::vector<T> vhat = augmented(v, S, Ev);
-  std::vector<T> num(static_cast<size_t>(L * W));
+  const Buffer<T> vhat = augmented(v, S, Ev);
+  Buffer<T> num(L * W);
   if (!n.causal) {
     std::vector<T> state(static_cast<size_t>(F * W));  // Û = Σ_j φk_j v̂_jᵀ
     cpu::gemm<T>(true, false, F, W, S, T(1), pk, F, vhat.data(), W, T(0), state.data(), W);
@@ -101,9 +102,9 @@ void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, cons
       for (int64_t c = seg.first_chunk(s); c < seg.first_chunk(s + 1); ++c) {
         const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
         lower_product(pq + i0 * F, pk + i0 * F, rows, F, a.data());
-        cpu::gemm<T>(false, false, rows, W, rows, T(1), a.data(), kChunk, &vhat[size_t(i0 * W)], W, T(0), &num[size_t(i0 * W)], W);
-        cpu::gemm<T>(false, false, rows, W, F, T(1), pq + i0 * F, F, state, W, T(1), &num[size_t(i0 * W)], W);
-        cpu::gemm<T>(true, false, F, W, rows, T(1), pk + i0 * F, F, &vhat[size_t(i0 * W)], W, T(1), state, W);
+        cpu::gemm<T>(false, false, rows, W, rows, T(1), a.data(), kChunk, vhat.data() + i0 * W, W, T(0), num.data() + i0 * W, W);
+        cpu::gemm<T>(false, false, rows, W, F, T(1), pq + i0 * F, F, state, W, T(1), num.data() + i0 * W, W);
+        cpu::gemm<T>(true, false, F, W, rows, T(1), pk + i0 * F, F, vhat.data() + i0 * W, W, T(1), state, W);
       }
     }
   }
@@ -112,7 +113,7 @@ void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, cons
   const T tiny = std::sqrt(std::numeric_limits<T>::min());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
-    const T* row = &num[size_t(i * W)];
+    const T* row = num.data() + i * W;
     const T den = row[Ev] > tiny ? row[Ev] : T(0);
     for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] = den > T(0) ? row[e] / den : T(0);
     normalizer[i] = den;
@@ -123,12 +124,12 @@ template <class T>
 void feature_attention_backward(const FeatureAttentionShape& n, const T* pq, const T* pk, const T* v, const T* out,
                                 const T* normalizer, const T* dout, T* dpq, T* dpk, T* dv) {
   const int64_t L = n.L, S = n.S, F = n.F, Ev = n.Ev, W = Ev + 1;
-  const std::vector<T> vhat = augmented(v, S, Ev);
-  std::vector<T> ghat(static_cast<size_t>(L * W));
+  const Buffer<T> vhat = augmented(v, S, Ev);
+  Buffer<T> ghat(L * W);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
     const T den = normalizer[i];
-    T* g = &ghat[size_t(i * W)];
+    T* g = ghat.data() + i * W;
     T dot = 0;
     for (int64_t e = 0; e < Ev; ++e) {
       g[e] = den > T(0) ? dout[i * Ev + e] / den : T(0);
@@ -154,8 +155,8 @@ void feature_attention_backward(const FeatureAttentionShape& n, const T* pq, con
     T* state = &prefix[size_t(s * F * W)];
     for (int64_t c = seg.first_chunk(s); c < seg.first_chunk(s + 1); ++c) {  // dφq_c = tril(Ĝ_c V̂_cᵀ) φk_c + Ĝ_c Ûᵀ
       const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
-      const T* g = &ghat[size_t(i0 * W)];
-      const T* vh = &vhat[size_t(i0 * W)];
+      const T* g = ghat.data() + i0 * W;
+      const T* vh = vhat.data() + i0 * W;
       lower_product(g, vh, rows, W, t.data());
       cpu::gemm<T>(false, false, rows, F, rows, T(1), t.data(), kChunk, pk + i0 * F, F, T(0), dpq + i0 * F, F);
       cpu::gemm<T>(false, true, rows, F, W, T(1), g, W, state, W, T(1), dpq + i0 * F, F);
@@ -164,8 +165,8 @@ void feature_attention_backward(const FeatureAttentionShape& n, const T* pq, con
     T* r = &suffix[size_t(s * F * W)];
     for (int64_t c = seg.first_chunk(s + 1) - 1; c >= seg.first_chunk(s); --c) {
       const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
-      const T* g = &ghat[size_t(i0 * W)];
-      const T* vh = &vhat[size_t(i0 * W)];
+      const T* g = ghat.data() + i0 * W;
+      const T* vh = vhat.data() + i0 * W;
       // dφk_c = tril(Ĝ_c V̂_cᵀ)ᵀ φq_c + V̂_c Rᵀ
       lower_product(g, vh, rows, W, t.data());
       cpu::gemm<T>(true, false, rows, F, rows, T(1), t.data(), kChunk, pq + i0 * F, F, T(0), dpk + i0 * F, F);

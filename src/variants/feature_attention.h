@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "mha/variants/linear_attention.h"
 #include "variants/common.h"
@@ -58,7 +57,7 @@ LinearAttentionOutput feature_map_forward(const Tensor& query, const Tensor& key
     using T = decltype(tag);
     const auto map = make_map(T{});
     const Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
-    std::vector<T> pq(static_cast<size_t>(n.L * F)), pk(static_cast<size_t>(n.S * F));
+    Buffer<T> pq(n.L * F), pk(n.S * F);
     const FeatureAttentionShape shape{n.L, n.S, F, n.Ev, causal};
     for (int64_t b = 0; b < n.batch; ++b) {
       const T* qb = q.data<T>() + b * n.L * n.E;
@@ -85,8 +84,7 @@ AttentionGradients feature_map_backward(const Tensor& dout, const Tensor& query,
     const auto map = make_map(T{});
     const Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous(), d = dout.contiguous(),
                  o = forward.out.contiguous(), den = forward.normalizer.contiguous();
-    std::vector<T> pq(static_cast<size_t>(n.L * F)), pk(static_cast<size_t>(n.S * F)),
-        dpq(static_cast<size_t>(n.L * F)), dpk(static_cast<size_t>(n.S * F));
+    Buffer<T> pq(n.L * F), pk(n.S * F), dpq(n.L * F), dpk(n.S * F);
     const FeatureAttentionShape shape{n.L, n.S, F, n.Ev, causal};
     for (int64_t b = 0; b < n.batch; ++b) {
       const T* qb = q.data<T>() + b * n.L * n.E;

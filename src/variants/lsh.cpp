@@ -16,6 +16,7 @@ namespace mha {
 
 namespace {
 
+using variants::Buffer;
 using variants::dispatch_real;
 
 struct Call {
@@ -47,28 +48,32 @@ Call check_call(const Tensor& q, const Tensor& v, const LshOptions& o, const std
 }
 
 // Round r's bucket of every row of q (L × E): argmax over [x R, -x R], the
-// first maximum on ties (computed in float64 whatever T is, so that float32
-// and float64 inputs hash alike).
+// first maximum on ties. Computed in float64 whatever T is, so that float32
+// and float64 inputs hash alike, as products of blocks of rows with R.
 template <class T>
 void hash_round(const Call& c, int64_t r, const T* q, int64_t* bucket) {
-  const int64_t half = c.o.buckets / 2, E = c.E;
-  if (c.o.buckets == 1) return std::fill(bucket, bucket + c.L, int64_t(0));
+  const int64_t half = c.o.buckets / 2, E = c.E, L = c.L;
+  if (c.o.buckets == 1) return std::fill(bucket, bucket + L, int64_t(0));
   const double* R = c.rotations.data<double>() + r * E * half;
+  constexpr int64_t kRows = 128;  // rows per product: the projections stay in L2 (128 × buckets/2 doubles)
 #pragma omp parallel
   {
-    std::vector<double> proj(static_cast<size_t>(half));
+    std::vector<double> x(static_cast<size_t>(kRows * E)), proj(static_cast<size_t>(kRows * half));
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < c.L; ++i) {
-      std::fill(proj.begin(), proj.end(), 0.0);
-      for (int64_t e = 0; e < E; ++e)
-        for (int64_t b = 0; b < half; ++b) proj[size_t(b)] += double(q[i * E + e]) * R[e * half + b];
-      int64_t arg = 0;
-      double best = proj[0];
-      for (int64_t b = 1; b < 2 * half; ++b) {
-        const double x = b < half ? proj[size_t(b)] : -proj[size_t(b - half)];
-        if (x > best) best = x, arg = b;
+    for (int64_t i0 = 0; i0 < L; i0 += kRows) {
+      const int64_t rows = std::min(kRows, L - i0);
+      std::copy(q + i0 * E, q + (i0 + rows) * E, x.begin());
+      cpu::gemm<double>(false, false, rows, half, E, 1.0, x.data(), E, R, half, 0.0, proj.data(), half);
+      for (int64_t a = 0; a < rows; ++a) {
+        const double* p = &proj[size_t(a * half)];
+        int64_t arg = 0;
+        double best = p[0];
+        for (int64_t b = 1; b < 2 * half; ++b) {
+          const double value = b < half ? p[b] : -p[b - half];
+          if (value > best) best = value, arg = b;
+        }
+        bucket[i0 + a] = arg;
       }
-      bucket[i] = arg;
     }
   }
 }
@@ -126,25 +131,25 @@ struct Window {
 
 // The keys: rows of q normalised (a zero row stays zero), and the norms.
 template <class T>
-void normalised_keys(const Call& c, const T* q, std::vector<T>& keys, std::vector<T>& norms) {
+void normalised_keys(const Call& c, const T* q, Buffer<T>& keys, Buffer<T>& norms) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < c.L; ++i) {
     T sq = 0;
     for (int64_t e = 0; e < c.E; ++e) sq += q[i * c.E + e] * q[i * c.E + e];
     const T norm = std::sqrt(sq);
-    norms[size_t(i)] = norm;
-    for (int64_t e = 0; e < c.E; ++e) keys[size_t(i * c.E + e)] = norm > T(0) ? q[i * c.E + e] / norm : T(0);
+    norms[i] = norm;
+    for (int64_t e = 0; e < c.E; ++e) keys[i * c.E + e] = norm > T(0) ? q[i * c.E + e] / norm : T(0);
   }
 }
 
 template <class T>
 void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
   const int64_t L = c.L, E = c.E, Ev = c.Ev;
-  std::vector<T> keys(static_cast<size_t>(L * E)), norms(static_cast<size_t>(L));
+  Buffer<T> keys(L * E), norms(L);
   normalised_keys(c, Q, keys, norms);
-  std::vector<T> run_max(static_cast<size_t>(L), T(-INFINITY)), run_sum(static_cast<size_t>(L), T(0));
+  Buffer<T> run_max(L, T(-INFINITY)), run_sum(L, T(0));
   std::fill(out, out + L * Ev, T(0));  // the accumulators
-  std::vector<int64_t> bucket(static_cast<size_t>(L)), order(static_cast<size_t>(L));
+  Buffer<int64_t> bucket(L), order(L);
   const Chunks ch(L, c.o.chunk);
   for (int64_t r = 0; r < c.o.hashes; ++r) {
     hash_round(c, r, Q, bucket.data());
@@ -158,7 +163,7 @@ void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
         w.gather(c, ch, cc, order.data(), Q, keys.data(), V);
         for (int64_t a = 0; a < w.n; ++a) {  // fold this round into the query's running softmax
           T* s = &w.s[size_t(a * w.m)];
-          const size_t i = size_t(w.qpos[size_t(a)]);
+          const int64_t i = w.qpos[size_t(a)];
           const T row_max = *std::max_element(s, s + w.m);
           if (row_max == -INFINITY) {  // no other key this round
             std::fill(s, s + w.m, T(0));
@@ -169,7 +174,7 @@ void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
           for (int64_t t = 0; t < w.m; ++t) total += (s[t] = std::exp(s[t] - new_max));
           run_sum[i] = alpha * run_sum[i] + total;
           run_max[i] = new_max;
-          for (int64_t e = 0; e < Ev; ++e) out[size_t(i) * Ev + e] *= alpha;
+          for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] *= alpha;
         }
         cpu::gemm<T>(false, false, w.n, Ev, w.m, T(1), w.s.data(), w.m, w.v.data(), Ev, T(0), pv.data(), Ev);
         for (int64_t a = 0; a < w.n; ++a)
@@ -179,12 +184,12 @@ void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
-    if (run_sum[size_t(i)] > T(0)) {
-      for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] /= run_sum[size_t(i)];
-      lse[i] = run_max[size_t(i)] + std::log(run_sum[size_t(i)]);
+    if (run_sum[i] > T(0)) {
+      for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] /= run_sum[i];
+      lse[i] = run_max[i] + std::log(run_sum[i]);
     } else {  // nothing but itself: weight 1 on its own value; s_ii = scale·q_i·q_i/|q_i|
       std::copy(V + i * Ev, V + (i + 1) * Ev, out + i * Ev);
-      lse[i] = T(c.scale) * norms[size_t(i)];
+      lse[i] = T(c.scale) * norms[i];
     }
   }
 }
@@ -193,19 +198,19 @@ template <class T>
 void backward_entry(const Call& c, const T* Q, const T* V, const T* out, const T* lse, const T* dout, T* dq, T* dv) {
   const int64_t L = c.L, E = c.E, Ev = c.Ev, C = c.o.chunk;
   const T scale = T(c.scale);
-  std::vector<T> keys(static_cast<size_t>(L * E)), norms(static_cast<size_t>(L)), dkeys(static_cast<size_t>(L * E), T(0));
+  Buffer<T> keys(L * E), norms(L), dkeys(L * E, T(0)), D(L);
   normalised_keys(c, Q, keys, norms);
-  std::vector<T> D(static_cast<size_t>(L));
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
     T d = 0;
     for (int64_t e = 0; e < Ev; ++e) d += dout[i * Ev + e] * out[i * Ev + e];
-    D[size_t(i)] = d;
+    D[i] = d;
   }
-  std::vector<char> seen(static_cast<size_t>(L), 0);  // some round gave the query another key
-  std::vector<int64_t> bucket(static_cast<size_t>(L)), order(static_cast<size_t>(L));
+  Buffer<bool> seen(L, false);  // some round gave the query another key
+  Buffer<int64_t> bucket(L), order(L);
   const Chunks ch(L, C);
   // Gradients of each chunk's look-back keys, added to the previous chunk's rows afterwards.
-  std::vector<T> back_k(static_cast<size_t>(ch.count * C * E)), back_v(static_cast<size_t>(ch.count * C * Ev));
+  Buffer<T> back_k(ch.count * C * E), back_v(ch.count * C * Ev);
   for (int64_t r = 0; r < c.o.hashes; ++r) {
     hash_round(c, r, Q, bucket.data());
     sort_by_bucket(bucket.data(), L, c.o.buckets, order.data());
@@ -223,45 +228,45 @@ void backward_entry(const Call& c, const T* Q, const T* V, const T* out, const T
           std::copy(dout + i * Ev, dout + (i + 1) * Ev, &dov[size_t(a * Ev)]);
           for (int64_t t = 0; t < m; ++t) {
             T& x = w.s[size_t(a * m + t)];
-            if (x != -INFINITY) seen[size_t(i)] = 1;
+            if (x != -INFINITY) seen[i] = true;
             x = x == -INFINITY ? T(0) : std::exp(x - lse[i]);
           }
         }
         cpu::gemm<T>(false, true, n, m, Ev, T(1), dov.data(), Ev, w.v.data(), Ev, T(0), ds.data(), m);  // dout·v_j
         for (int64_t a = 0; a < n; ++a)
           for (int64_t t = 0; t < m; ++t)
-            ds[size_t(a * m + t)] = w.s[size_t(a * m + t)] * (ds[size_t(a * m + t)] - D[size_t(w.qpos[size_t(a)])]);
+            ds[size_t(a * m + t)] = w.s[size_t(a * m + t)] * (ds[size_t(a * m + t)] - D[w.qpos[size_t(a)]]);
         cpu::gemm<T>(false, false, n, E, m, scale, ds.data(), m, w.k.data(), E, T(0), dqw.data(), E);
         cpu::gemm<T>(true, false, m, E, n, scale, ds.data(), m, w.q.data(), E, T(0), dkw.data(), E);
         cpu::gemm<T>(true, false, m, Ev, n, T(1), w.s.data(), m, dov.data(), Ev, T(0), dvw.data(), Ev);
         for (int64_t a = 0; a < n; ++a) {  // the chunk's own rows: queries and keys
           const int64_t i = w.qpos[size_t(a)];
-          for (int64_t e = 0; e < E; ++e) dq[i * E + e] += dqw[size_t(a * E + e)], dkeys[size_t(i * E + e)] += dkw[size_t(a * E + e)];
+          for (int64_t e = 0; e < E; ++e) dq[i * E + e] += dqw[size_t(a * E + e)], dkeys[i * E + e] += dkw[size_t(a * E + e)];
           for (int64_t e = 0; e < Ev; ++e) dv[i * Ev + e] += dvw[size_t(a * Ev + e)];
         }
-        std::copy(dkw.begin() + n * E, dkw.begin() + m * E, back_k.begin() + cc * C * E);
-        std::copy(dvw.begin() + n * Ev, dvw.begin() + m * Ev, back_v.begin() + cc * C * Ev);
+        std::copy(dkw.begin() + n * E, dkw.begin() + m * E, back_k.data() + cc * C * E);
+        std::copy(dvw.begin() + n * Ev, dvw.begin() + m * Ev, back_v.data() + cc * C * Ev);
       }
 #pragma omp for schedule(static)
       for (int64_t cc = 0; cc < ch.count; ++cc) {  // c → previous(c) is one to one: no two write a row
         const int64_t prev = ch.previous(cc);
         if (prev < 0) continue;
         for (int64_t a = 0; a < ch.size(prev); ++a) {
-          const int64_t j = order[size_t(ch.begin(prev) + a)];
-          for (int64_t e = 0; e < E; ++e) dkeys[size_t(j * E + e)] += back_k[size_t((cc * C + a) * E + e)];
-          for (int64_t e = 0; e < Ev; ++e) dv[j * Ev + e] += back_v[size_t((cc * C + a) * Ev + e)];
+          const int64_t j = order[ch.begin(prev) + a];
+          for (int64_t e = 0; e < E; ++e) dkeys[j * E + e] += back_k[(cc * C + a) * E + e];
+          for (int64_t e = 0; e < Ev; ++e) dv[j * Ev + e] += back_v[(cc * C + a) * Ev + e];
         }
       }
     }
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
-    if (!seen[size_t(i)])  // out_i = v_i
+    if (!seen[i])  // out_i = v_i
       for (int64_t e = 0; e < Ev; ++e) dv[i * Ev + e] += dout[i * Ev + e];
-    const T norm = norms[size_t(i)];
+    const T norm = norms[i];
     if (norm == T(0)) continue;
-    const T* k = &keys[size_t(i * E)];
-    const T* dk = &dkeys[size_t(i * E)];
+    const T* k = keys.data() + i * E;
+    const T* dk = dkeys.data() + i * E;
     T dot = 0;
     for (int64_t e = 0; e < E; ++e) dot += k[e] * dk[e];
     for (int64_t e = 0; e < E; ++e) dq[i * E + e] += (dk[e] - k[e] * dot) / norm;
