@@ -7,12 +7,14 @@
 //   bench_variants --max-length 16384   stop at that length
 //   bench_variants --exact-max 16384    skip exact attention beyond that length (it is O(L²))
 //   bench_variants --only NAME,NAME     run only these variants
-//   bench_variants --no-memory          skip the memory table (it runs every case again)
 //
-// Memory is measured in a fresh process (this program run again with --case),
-// so that memory freed by earlier runs cannot hide a peak: resident memory at
-// the peak of one forward+backward beyond what was resident before it (the
-// inputs), outputs and gradients included.
+// Every (variant, L) runs in a fresh process (this program again with --case):
+// memory freed by earlier cases cannot hide a peak, and the CPU allocator's
+// cache of large blocks, which keeps up to 256 MiB of freed blocks for reuse at
+// the same size, is not left full of blocks of other lengths (which made
+// later lengths map fresh pages on every call). The first forward+backward
+// gives the peak extra resident memory (beyond the inputs; outputs and
+// gradients included); the timed runs follow it.
 #include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
@@ -164,45 +166,39 @@ const Variant& find_variant(const std::vector<Variant>& list, const std::string&
   std::exit(2);
 }
 
-// In this fresh process: one forward+backward; prints the peak extra MiB.
-int memory_case(const std::string& name, int64_t L) {
+struct Measurement {
+  double forward = 0, backward = 0, mib = -1;  // seconds, seconds, MiB
+  double total() const { return forward + backward; }
+};
+
+// In this fresh process: the first forward+backward for memory, then the
+// median of the timed runs; prints "MiB forward_s backward_s".
+int run_case(const std::string& name, int64_t L) {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // big blocks go back to the system when freed
   const std::vector<Variant> list = variants();
   Inputs in(L);
   std::unique_ptr<Case> c = find_variant(list, name).make(in, L);
-  std::printf("%.1f\n", peak_extra_mib([&] {
-                c->forward();
-                c->backward();
-              }));
+  Measurement m;
+  m.mib = peak_extra_mib([&] {
+    c->forward();
+    c->backward();
+  });
+  const int reps = L <= 4096 ? 5 : (L <= 16384 ? 3 : 1);
+  m.forward = median_seconds(reps, [&] { c->forward(); });
+  m.backward = median_seconds(reps, [&] { c->backward(); });
+  std::printf("%.3f %.6f %.6f\n", m.mib, m.forward, m.backward);
   return 0;
 }
 
-double memory_in_child(const std::string& name, int64_t L) {
+Measurement measure_in_child(const std::string& name, int64_t L) {
   const std::string cmd = "/proc/" + std::to_string(getpid()) + "/exe --case '" + name + "' " + std::to_string(L);
+  Measurement m;
   FILE* pipe = popen(cmd.c_str(), "r");
-  double mib = -1;
   if (pipe) {
-    if (std::fscanf(pipe, "%lf", &mib) != 1) mib = -1;
+    if (std::fscanf(pipe, "%lf %lf %lf", &m.mib, &m.forward, &m.backward) != 3) m = Measurement{NAN, NAN, -1};
     pclose(pipe);
   }
-  return mib;
-}
-
-struct Timing {
-  double forward = 0, backward = 0;
-  double total() const { return forward + backward; }
-};
-
-Timing measure(const Variant& v, int64_t L) {
-  Inputs in(L);
-  std::unique_ptr<Case> c = v.make(in, L);
-  c->forward();  // warm-up: first touch of the outputs' pages
-  c->backward();
-  const int reps = L <= 4096 ? 5 : (L <= 16384 ? 3 : 1);
-  Timing t;
-  t.forward = median_seconds(reps, [&] { c->forward(); });
-  t.backward = median_seconds(reps, [&] { c->backward(); });
-  return t;
+  return m;
 }
 
 // Least-squares slope of log(y) against log(x).
@@ -228,16 +224,14 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   int64_t max_length = 65536, exact_max = 65536;
-  bool memory = true;
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--max-length") && i + 1 < argc) max_length = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--exact-max") && i + 1 < argc) exact_max = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = split(argv[++i]);
-    else if (!std::strcmp(argv[i], "--no-memory")) memory = false;
-    else if (!std::strcmp(argv[i], "--case") && i + 2 < argc) return memory_case(argv[i + 1], std::atoll(argv[i + 2]));
+    else if (!std::strcmp(argv[i], "--case") && i + 2 < argc) return run_case(argv[i + 1], std::atoll(argv[i + 2]));
     else {
-      std::fprintf(stderr, "usage: bench_variants [--max-length L] [--exact-max L] [--only a,b] [--no-memory]\n");
+      std::fprintf(stderr, "usage: bench_variants [--max-length L] [--exact-max L] [--only a,b]\n");
       return 2;
     }
   }
@@ -253,15 +247,13 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s, %d threads; mha %s. float32, one head, E = Ev = 64, self-attention (L = S).\n", cpu_name().c_str(),
               omp_get_max_threads(), version);
   std::printf("Exact attention is skipped beyond L = %lld.\n\n", (long long)exact_max);
-  std::map<std::string, std::map<int64_t, Timing>> times;
-  std::map<std::string, std::map<int64_t, double>> mib;
+  std::map<std::string, std::map<int64_t, Measurement>> results;
   for (const Variant& v : list)
     for (int64_t L : lengths) {
       if (v.name == "exact" && L > exact_max) continue;
-      times[v.name][L] = measure(v, L);
-      if (memory) mib[v.name][L] = memory_in_child(v.name, L);
+      const Measurement m = results[v.name][L] = measure_in_child(v.name, L);
       std::fprintf(stderr, "%-17s L=%6lld  fwd %9.1f ms  bwd %9.1f ms  %8.1f MiB\n", v.name.c_str(), (long long)L,
-                   times[v.name][L].forward * 1e3, times[v.name][L].backward * 1e3, memory ? mib[v.name][L] : 0.0);
+                   m.forward * 1e3, m.backward * 1e3, m.mib);
     }
 
   std::printf("Forward + backward, ms (median; 5 runs up to 4k, 3 up to 16k, then 1). Slope: least-squares fit of\n"
@@ -275,8 +267,8 @@ int main(int argc, char** argv) {
     std::printf("| %s | %s |", v.name.c_str(), v.setting.c_str());
     std::vector<std::pair<double, double>> all, tail;
     for (int64_t L : lengths) {
-      auto it = times[v.name].find(L);
-      if (it == times[v.name].end()) {
+      auto it = results[v.name].find(L);
+      if (it == results[v.name].end()) {
         std::printf(" — |");
         continue;
       }
@@ -287,39 +279,34 @@ int main(int argc, char** argv) {
     std::printf(" %.2f | %.2f |\n", loglog_slope(all), loglog_slope(tail));
   }
 
-  if (memory) {
-    std::printf("\nPeak extra resident memory of one forward+backward, MiB (fresh process; outputs and gradients included).\n\n");
-    std::printf("| variant |");
-    for (int64_t L : lengths) std::printf(" %lldk |", (long long)(L / 1024));
-    std::printf("\n|---|");
-    for (size_t x = 0; x < lengths.size(); ++x) std::printf("---|");
-    std::printf("\n");
-    for (const Variant& v : list) {
-      std::printf("| %s |", v.name.c_str());
-      for (int64_t L : lengths) {
-        auto it = mib[v.name].find(L);
-        if (it == mib[v.name].end()) std::printf(" — |");
-        else std::printf(" %.1f |", it->second);
-      }
-      std::printf("\n");
+  std::printf("\nPeak extra resident memory of one forward+backward, MiB (beyond the inputs; outputs and gradients included).\n\n");
+  std::printf("| variant |");
+  for (int64_t L : lengths) std::printf(" %lldk |", (long long)(L / 1024));
+  std::printf("\n|---|");
+  for (size_t x = 0; x < lengths.size(); ++x) std::printf("---|");
+  std::printf("\n");
+  for (const Variant& v : list) {
+    std::printf("| %s |", v.name.c_str());
+    for (int64_t L : lengths) {
+      auto it = results[v.name].find(L);
+      if (it == results[v.name].end()) std::printf(" — |");
+      else std::printf(" %.1f |", it->second.mib);
     }
+    std::printf("\n");
   }
 
   // Ratios at the longest length that exact attention reached.
-  if (times.count("exact") && !times["exact"].empty()) {
-    const int64_t L = times["exact"].rbegin()->first;
-    const Timing exact = times["exact"][L];
-    std::printf("\nAt L = %lld: speed-up over exact attention (time of exact / time of the variant)", (long long)L);
-    if (memory) std::printf(" and memory as a fraction of exact's");
-    std::printf(".\n\n| variant | forward | backward | forward+backward |%s\n|---|---|---|---|%s\n", memory ? " memory |" : "",
-                memory ? "---|" : "");
+  if (results.count("exact") && !results["exact"].empty()) {
+    const int64_t L = results["exact"].rbegin()->first;
+    const Measurement exact = results["exact"][L];
+    std::printf("\nAt L = %lld: speed-up over exact attention (time of exact / time of the variant) and memory as a\n"
+                "fraction of exact's.\n\n| variant | forward | backward | forward+backward | memory |\n|---|---|---|---|---|\n",
+                (long long)L);
     for (const Variant& v : list) {
-      auto it = times[v.name].find(L);
-      if (it == times[v.name].end()) continue;
-      std::printf("| %s | %.1f× | %.1f× | %.1f× |", v.name.c_str(), exact.forward / it->second.forward,
-                  exact.backward / it->second.backward, exact.total() / it->second.total());
-      if (memory) std::printf(" %.2f |", mib[v.name][L] / mib["exact"][L]);
-      std::printf("\n");
+      auto it = results[v.name].find(L);
+      if (it == results[v.name].end()) continue;
+      std::printf("| %s | %.1f× | %.1f× | %.1f× | %.2f |\n", v.name.c_str(), exact.forward / it->second.forward,
+                  exact.backward / it->second.backward, exact.total() / it->second.total(), it->second.mib / exact.mib);
     }
   }
   return 0;
