@@ -60,17 +60,17 @@ TEST(Axial, OnePixel) {
 TEST(Axial, Errors) {
   Tensor q = random_tensor({2, 3, 5, 4}, 1), v = random_tensor({2, 3, 5, 2}, 2);
   const std::string fn = "[mha::axial_attention_forward] ";
-  expect_message([&] { axial_attention_forward(random_tensor({5, 4}, 1), random_tensor({5, 4}, 1), random_tensor({5, 4}, 1)); },
+  expect_error<ShapeError>([&] { axial_attention_forward(random_tensor({5, 4}, 1), random_tensor({5, 4}, 1), random_tensor({5, 4}, 1)); },
                  fn + "query: expected at least 3 dims (…, rows, cols, E); got (5, 4)");
-  expect_message([&] { axial_attention_forward(q, random_tensor({2, 3, 6, 4}, 1), v); },
+  expect_error<ShapeError>([&] { axial_attention_forward(q, random_tensor({2, 3, 6, 4}, 1), v); },
                  fn + "key: expected query's shape (2, 3, 5, 4); got (2, 3, 6, 4)");
-  expect_message([&] { axial_attention_forward(q, q, random_tensor({2, 5, 3, 2}, 1)); },
+  expect_error<ShapeError>([&] { axial_attention_forward(q, q, random_tensor({2, 5, 3, 2}, 1)); },
                  fn + "value: expected the leading dims (2, 3, 5) of query (2, 3, 5, 4); got (2, 5, 3, 2)");
-  expect_message([&] { axial_attention_forward(q, q, v, {.path = AttentionPath::fused}); },
+  expect_error<ValueError>([&] { axial_attention_forward(q, q, v, {.path = AttentionPath::fused}); },
                  fn + "options.path: expected float32 inputs for the fused path; got float64 inputs");
   AxialOutput f = axial_attention_forward(q, q, v);
   AxialOutput wrong = f;
   wrong.column.lse = f.row.lse;
-  expect_message([&] { axial_attention_backward(v, q, q, v, wrong); },
+  expect_error<ShapeError>([&] { axial_attention_backward(v, q, q, v, wrong); },
                  "[mha::axial_attention_backward] forward.column.lse: expected shape (2, 5, 3); got (2, 3, 5)");
 }

@@ -149,21 +149,21 @@ TEST(BlockSparse, Layouts) {
 TEST(BlockSparse, Errors) {
   Tensor q = random_tensor({2, 10, 4}, 1), k = random_tensor({2, 10, 4}, 2), v = random_tensor({2, 10, 3}, 3);
   const BlockSparseOptions o{.layout = strided_layout(10, {.block = 4})};
-  expect_message([&] { block_sparse_attention_forward(q, k, v, {.layout = strided_layout(13, {.block = 4})}); },
+  expect_error<ValueError>([&] { block_sparse_attention_forward(q, k, v, {.layout = strided_layout(13, {.block = 4})}); },
          "[mha::block_sparse_attention_forward] options.layout: expected 3 x 3 blocks of 4 for L = 10, S = 10; got 4 x 4");
-  expect_message([&] { block_sparse_attention_forward(q, k.to(DType::float32), v, o); },
+  expect_error<DtypeError>([&] { block_sparse_attention_forward(q, k.to(DType::float32), v, o); },
          "[mha::block_sparse_attention_forward] key: expected query's dtype float64; got float32");
-  expect_message([&] { block_sparse_attention_forward(q.to(DType::bfloat16), k, v, o); }, "query: expected float32 or float64; got bfloat16");
-  expect_message([&] { block_sparse_attention_forward(q, random_tensor({3, 10, 4}, 1), v, o); },
+  expect_error<DtypeError>([&] { block_sparse_attention_forward(q.to(DType::bfloat16), k, v, o); }, "query: expected float32 or float64; got bfloat16");
+  expect_error<ShapeError>([&] { block_sparse_attention_forward(q, random_tensor({3, 10, 4}, 1), v, o); },
          "key: expected the leading dims (2,) of query (2, 10, 4); got (3, 10, 4)");
-  expect_message([&] { block_sparse_attention_forward(q, k, random_tensor({2, 9, 3}, 1), o); }, "value: expected dim -2 S = 10 (key's)");
+  expect_error<ShapeError>([&] { block_sparse_attention_forward(q, k, random_tensor({2, 9, 3}, 1), o); }, "value: expected dim -2 S = 10 (key's)");
   BlockSparseOptions unsorted = o;
   std::swap(unsorted.layout.key_block[0], unsorted.layout.key_block[1]);
-  expect_message([&] { block_sparse_attention_forward(q, k, v, unsorted); }, "options.layout.key_block: expected strictly ascending");
-  expect_message([&] { strided_layout(10, {.block = 0}); }, "[mha::strided_layout] pattern.block: expected >= 1; got 0");
-  expect_message([&] { bigbird_layout(10, {.random_blocks = -1}); }, "[mha::bigbird_layout] pattern.random_blocks: expected >= 0; got -1");
+  expect_error<ValueError>([&] { block_sparse_attention_forward(q, k, v, unsorted); }, "options.layout.key_block: expected strictly ascending");
+  expect_error<ValueError>([&] { strided_layout(10, {.block = 0}); }, "[mha::strided_layout] pattern.block: expected >= 1; got 0");
+  expect_error<ValueError>([&] { bigbird_layout(10, {.random_blocks = -1}); }, "[mha::bigbird_layout] pattern.random_blocks: expected >= 0; got -1");
   BlockSparseOutput f = block_sparse_attention_forward(q, k, v, o);
-  expect_message([&] { block_sparse_attention_backward(random_tensor({2, 10, 4}, 1), q, k, v, f, o); },
+  expect_error<ShapeError>([&] { block_sparse_attention_backward(random_tensor({2, 10, 4}, 1), q, k, v, f, o); },
          "[mha::block_sparse_attention_backward] dout: expected shape (2, 10, 3); got (2, 10, 4)");
-  expect_message([&] { block_sparse_attention_backward(f.out, q, k, v, {f.out, Tensor()}, o); }, "forward.lse: expected a defined tensor");
+  expect_error<ShapeError>([&] { block_sparse_attention_backward(f.out, q, k, v, {f.out, Tensor()}, o); }, "forward.lse: expected a defined tensor");
 }

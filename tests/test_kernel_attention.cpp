@@ -161,19 +161,19 @@ TEST(KernelAttention, LengthOneAndExtremeInputsGiveNoNaN) {
 
 TEST(KernelAttention, Errors) {
   Tensor q = random_tensor({2, 10, 4}, 1), k = random_tensor({2, 12, 4}, 2), v = random_tensor({2, 12, 3}, 3);
-  expect_message([&] { linear_attention_forward(q, k, v, {.causal = true}); },
+  expect_error<ShapeError>([&] { linear_attention_forward(q, k, v, {.causal = true}); },
          "[mha::linear_attention_forward] key: expected S = L = 10 for causal attention; got (2, 12, 4)");
-  expect_message([&] { linear_attention_forward(q, k, random_tensor({2, 11, 3}, 1)); }, "value: expected dim -2 S = 12 (key's)");
+  expect_error<ShapeError>([&] { linear_attention_forward(q, k, random_tensor({2, 11, 3}, 1)); }, "value: expected dim -2 S = 12 (key's)");
   const PerformerOptions o{.features = performer_features(8, 4, 0, DType::float64)};
-  expect_message([&] { performer_attention_forward(q, k, v, {}); },
+  expect_error<ShapeError>([&] { performer_attention_forward(q, k, v, {}); },
          "[mha::performer_attention_forward] options.features: expected a defined tensor");
-  expect_message([&] { performer_attention_forward(q, k, v, {.features = performer_features(8, 5, 0, DType::float64)}); },
+  expect_error<ShapeError>([&] { performer_attention_forward(q, k, v, {.features = performer_features(8, 5, 0, DType::float64)}); },
          "options.features: expected dim -1 E = 4 (query's); got (8, 5)");
-  expect_message([&] { performer_attention_forward(q, k, v, {.features = performer_features(8, 4, 0)}); },
+  expect_error<DtypeError>([&] { performer_attention_forward(q, k, v, {.features = performer_features(8, 4, 0)}); },
          "options.features: expected query's dtype float64; got float32");
-  expect_message([&] { performer_attention_forward(q, k, v, {.features = o.features, .scale = -1.0}); }, "scale: expected a scale >= 0");
-  expect_message([&] { performer_features(0, 4, 0); }, "[mha::performer_features] features: expected >= 1; got 0");
+  expect_error<ValueError>([&] { performer_attention_forward(q, k, v, {.features = o.features, .scale = -1.0}); }, "scale: expected a scale >= 0");
+  expect_error<ValueError>([&] { performer_features(0, 4, 0); }, "[mha::performer_features] features: expected >= 1; got 0");
   LinearAttentionOutput f = performer_attention_forward(q, k, v, o);
-  expect_message([&] { performer_attention_backward(f.out, q, k, v, {f.out, Tensor()}, o); },
+  expect_error<ShapeError>([&] { performer_attention_backward(f.out, q, k, v, {f.out, Tensor()}, o); },
          "[mha::performer_attention_backward] forward.normalizer: expected a defined tensor");
 }

@@ -116,19 +116,19 @@ TEST(Linformer, Errors) {
   Tensor q = random_tensor({2, 7, 3}, 1), k = random_tensor({2, 9, 3}, 2), v = random_tensor({2, 9, 2}, 3);
   const Tensor p = linformer_projection(4, 9, 1, DType::float64);
   const std::string fn = "[mha::linformer_attention_forward] ";
-  expect_message([&] { linformer_attention_forward(q, k, v, {.key_projection = p}); },
+  expect_error<ShapeError>([&] { linformer_attention_forward(q, k, v, {.key_projection = p}); },
                  fn + "options.value_projection: expected a defined tensor");
-  expect_message([&] { linformer_attention_forward(q, k, v, {.key_projection = linformer_projection(4, 8, 1, DType::float64), .value_projection = p}); },
+  expect_error<ShapeError>([&] { linformer_attention_forward(q, k, v, {.key_projection = linformer_projection(4, 8, 1, DType::float64), .value_projection = p}); },
                  fn + "options.key_projection: expected dim -1 S = 9 (key's); got (4, 8)");
-  expect_message([&] { linformer_attention_forward(q, k, v, {.key_projection = p, .value_projection = linformer_projection(5, 9, 1, DType::float64)}); },
+  expect_error<ShapeError>([&] { linformer_attention_forward(q, k, v, {.key_projection = p, .value_projection = linformer_projection(5, 9, 1, DType::float64)}); },
                  fn + "options.value_projection: expected k = 4 rows (key_projection's); got (5, 9)");
-  expect_message([&] { linformer_attention_forward(q, k, v, {.key_projection = p.to(DType::float32), .value_projection = p}); },
+  expect_error<DtypeError>([&] { linformer_attention_forward(q, k, v, {.key_projection = p.to(DType::float32), .value_projection = p}); },
                  fn + "options.key_projection: expected query's dtype float64; got float32");
-  expect_message([&] { linformer_attention_forward(q, k, v, {.key_projection = p, .value_projection = p, .path = AttentionPath::fused}); },
+  expect_error<ValueError>([&] { linformer_attention_forward(q, k, v, {.key_projection = p, .value_projection = p, .path = AttentionPath::fused}); },
                  fn + "options.path: expected float32 inputs for the fused path; got float64 inputs");
-  expect_message([&] { linformer_projection(0, 9, 1); }, "[mha::linformer_projection] k: expected >= 1; got 0");
+  expect_error<ValueError>([&] { linformer_projection(0, 9, 1); }, "[mha::linformer_projection] k: expected >= 1; got 0");
   const LinformerOptions o{.key_projection = p, .value_projection = p};
   LinformerOutput f = linformer_attention_forward(q, k, v, o);
-  expect_message([&] { linformer_attention_backward(k, q, k, v, f, o); },
+  expect_error<ShapeError>([&] { linformer_attention_backward(k, q, k, v, f, o); },
                  "[mha::linformer_attention_backward] dout: expected shape (2, 7, 2); got (2, 9, 3)");
 }

@@ -201,13 +201,13 @@ TEST(Lsh, LengthOneAndZeroQueriesGiveNoNaN) {
 TEST(Lsh, Errors) {
   Tensor q = random_tensor({2, 10, 4}, 1), v = random_tensor({2, 10, 3}, 2);
   const std::string fn = "[mha::lsh_attention_forward] ";
-  expect_message([&] { lsh_attention_forward(q, v, {.buckets = 3}); }, fn + "options.buckets: expected 1 or an even number >= 2; got 3");
-  expect_message([&] { lsh_attention_forward(q, v, {.hashes = 0}); }, fn + "options.hashes: expected >= 1; got 0");
-  expect_message([&] { lsh_attention_forward(q, v, {.chunk = 0}); }, fn + "options.chunk: expected >= 1; got 0");
-  expect_message([&] { lsh_attention_forward(q, random_tensor({2, 9, 3}, 2)); },
+  expect_error<ValueError>([&] { lsh_attention_forward(q, v, {.buckets = 3}); }, fn + "options.buckets: expected 1 or an even number >= 2; got 3");
+  expect_error<ValueError>([&] { lsh_attention_forward(q, v, {.hashes = 0}); }, fn + "options.hashes: expected >= 1; got 0");
+  expect_error<ValueError>([&] { lsh_attention_forward(q, v, {.chunk = 0}); }, fn + "options.chunk: expected >= 1; got 0");
+  expect_error<ShapeError>([&] { lsh_attention_forward(q, random_tensor({2, 9, 3}, 2)); },
                  fn + "value: expected the leading dims (2, 10) of query (2, 10, 4); got (2, 9, 3)");
-  expect_message([&] { lsh_attention_forward(q, v.to(DType::float32)); }, fn + "value: expected query's dtype float64; got float32");
-  expect_message([&] { lsh_buckets(q.to(DType::int64)); }, "[mha::lsh_buckets] query: expected float32 or float64; got int64");
+  expect_error<DtypeError>([&] { lsh_attention_forward(q, v.to(DType::float32)); }, fn + "value: expected query's dtype float64; got float32");
+  expect_error<DtypeError>([&] { lsh_buckets(q.to(DType::int64)); }, "[mha::lsh_buckets] query: expected float32 or float64; got int64");
   LshOutput f = lsh_attention_forward(q, v);
-  expect_message([&] { lsh_attention_backward(q, q, v, f); }, "[mha::lsh_attention_backward] dout: expected shape (2, 10, 3); got (2, 10, 4)");
+  expect_error<ShapeError>([&] { lsh_attention_backward(q, q, v, f); }, "[mha::lsh_attention_backward] dout: expected shape (2, 10, 3); got (2, 10, 4)");
 }

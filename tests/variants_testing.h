@@ -8,14 +8,16 @@
 
 namespace mha::testing {
 
-// Runs f and expects a std::invalid_argument whose message contains `fragment`.
-template <class F>
-void expect_message(F&& f, const std::string& fragment) {
+// Runs f and expects an exception of type Error whose message contains `fragment`.
+template <class Error, class F>
+void expect_error(F&& f, const std::string& fragment) {
   try {
     f();
     ADD_FAILURE() << "no exception; expected one containing " << fragment;
-  } catch (const std::invalid_argument& e) {
+  } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
   }
 }
 

@@ -31,8 +31,6 @@ template <class T>
 void feature_attention_backward(const FeatureAttentionShape& n, const T* phi_q, const T* phi_k, const T* v,
                                 const T* out, const T* normalizer, const T* dout, T* dphi_q, T* dphi_k, T* dv);
 
-}  // namespace mha::variants
-
 // ---- The driver shared by linear attention and Performer ----------------------
 //
 // A feature map for one batch entry has
@@ -40,8 +38,6 @@ void feature_attention_backward(const FeatureAttentionShape& n, const T* phi_q, 
 //   void gradients(const T* q, const T* k, const T* phi_q, const T* phi_k,
 //                  T* dphi_q, T* dphi_k, T* dq, T* dk) const;          // may overwrite dphi_*
 // and make_map(T{}) builds it for the element type T.
-
-namespace mha::variants {
 
 // Checks shared by both: the triple, and causal needs L = S.
 QkvSizes check_feature_call(const Tensor& query, const Tensor& key, const Tensor& value, bool causal,
