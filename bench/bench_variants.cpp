@@ -4,7 +4,7 @@
 // Not a test: it prints markdown tables and asserts nothing.
 //
 //   bench_variants                      every variant, L = 1024 … 65536
-//   bench_variants --max-length 16384   stop at that length
+//   bench_variants --max-length 16384   stop at that length (--min-length: start at one)
 //   bench_variants --exact-max 16384    skip exact attention beyond that length (it is O(L²))
 //   bench_variants --only NAME,NAME     run only these variants
 //
@@ -15,11 +15,18 @@
 // later lengths map fresh pages on every call). The first forward+backward
 // gives the peak extra resident memory (beyond the inputs; outputs and
 // gradients included); the timed runs follow it.
+//
+// Times are wall-clock and process CPU time (all threads, user + system).
+// On a shared machine other jobs stretch wall time; CPU time counts only the
+// work done (threads wait passively with OMP_WAIT_POLICY=PASSIVE), so its
+// ratios are the steadier ones there.
 #include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -166,13 +173,36 @@ const Variant& find_variant(const std::vector<Variant>& list, const std::string&
   std::exit(2);
 }
 
-struct Measurement {
-  double forward = 0, backward = 0, mib = -1;  // seconds, seconds, MiB
-  double total() const { return forward + backward; }
+struct Seconds {
+  double wall = NAN, cpu = NAN;
 };
 
+struct Measurement {
+  Seconds forward, backward;
+  double mib = -1;
+  Seconds total() const { return {forward.wall + backward.wall, forward.cpu + backward.cpu}; }
+};
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// Medians over `reps` runs of f, of wall time and of CPU time.
+Seconds timed(int reps, const std::function<void()>& f) {
+  std::vector<double> cpu;
+  const double wall = median_seconds(reps, [&] {
+    const double c0 = cpu_seconds();
+    f();
+    cpu.push_back(cpu_seconds() - c0);
+  });
+  std::sort(cpu.begin(), cpu.end());
+  return {wall, cpu[cpu.size() / 2]};
+}
+
 // In this fresh process: the first forward+backward for memory, then the
-// median of the timed runs; prints "MiB forward_s backward_s".
+// timed runs; prints "MiB forward_wall backward_wall forward_cpu backward_cpu" (seconds).
 int run_case(const std::string& name, int64_t L) {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // big blocks go back to the system when freed
   const std::vector<Variant> list = variants();
@@ -184,9 +214,9 @@ int run_case(const std::string& name, int64_t L) {
     c->backward();
   });
   const int reps = L <= 4096 ? 5 : (L <= 16384 ? 3 : 1);
-  m.forward = median_seconds(reps, [&] { c->forward(); });
-  m.backward = median_seconds(reps, [&] { c->backward(); });
-  std::printf("%.3f %.6f %.6f\n", m.mib, m.forward, m.backward);
+  m.forward = timed(reps, [&] { c->forward(); });
+  m.backward = timed(reps, [&] { c->backward(); });
+  std::printf("%.3f %.6f %.6f %.6f %.6f\n", m.mib, m.forward.wall, m.backward.wall, m.forward.cpu, m.backward.cpu);
   return 0;
 }
 
@@ -195,7 +225,9 @@ Measurement measure_in_child(const std::string& name, int64_t L) {
   Measurement m;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe) {
-    if (std::fscanf(pipe, "%lf %lf %lf", &m.mib, &m.forward, &m.backward) != 3) m = Measurement{NAN, NAN, -1};
+    if (std::fscanf(pipe, "%lf %lf %lf %lf %lf", &m.mib, &m.forward.wall, &m.backward.wall, &m.forward.cpu,
+                    &m.backward.cpu) != 5)
+      m = Measurement{};
     pclose(pipe);
   }
   return m;
@@ -223,15 +255,16 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t max_length = 65536, exact_max = 65536;
+  int64_t min_length = 1024, max_length = 65536, exact_max = 65536;
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--max-length") && i + 1 < argc) max_length = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--min-length") && i + 1 < argc) min_length = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--exact-max") && i + 1 < argc) exact_max = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = split(argv[++i]);
     else if (!std::strcmp(argv[i], "--case") && i + 2 < argc) return run_case(argv[i + 1], std::atoll(argv[i + 2]));
     else {
-      std::fprintf(stderr, "usage: bench_variants [--max-length L] [--exact-max L] [--only a,b]\n");
+      std::fprintf(stderr, "usage: bench_variants [--min-length L] [--max-length L] [--exact-max L] [--only a,b]\n");
       return 2;
     }
   }
@@ -242,7 +275,8 @@ int main(int argc, char** argv) {
     list = chosen;
   }
   std::vector<int64_t> lengths;
-  for (int64_t L = 1024; L <= max_length; L *= 2) lengths.push_back(L);
+  for (int64_t L = 1024; L <= max_length; L *= 2)
+    if (L >= min_length) lengths.push_back(L);
 
   std::printf("CPU: %s, %d threads; mha %s. float32, one head, E = Ev = 64, self-attention (L = S).\n", cpu_name().c_str(),
               omp_get_max_threads(), version);
@@ -252,34 +286,41 @@ int main(int argc, char** argv) {
     for (int64_t L : lengths) {
       if (v.name == "exact" && L > exact_max) continue;
       const Measurement m = results[v.name][L] = measure_in_child(v.name, L);
-      std::fprintf(stderr, "%-17s L=%6lld  fwd %9.1f ms  bwd %9.1f ms  %8.1f MiB\n", v.name.c_str(), (long long)L,
-                   m.forward * 1e3, m.backward * 1e3, m.mib);
+      std::fprintf(stderr, "%-17s L=%6lld  fwd %9.1f ms  bwd %9.1f ms  (CPU %9.1f + %9.1f ms)  %8.1f MiB\n", v.name.c_str(),
+                   (long long)L, m.forward.wall * 1e3, m.backward.wall * 1e3, m.forward.cpu * 1e3, m.backward.cpu * 1e3, m.mib);
     }
 
-  std::printf("Forward + backward, ms (median; 5 runs up to 4k, 3 up to 16k, then 1). Slope: least-squares fit of\n"
-              "log(time) on log(L) over every length, and over L >= 8k (where fixed costs no longer dominate).\n\n");
-  std::printf("| variant | setting |");
-  for (int64_t L : lengths) std::printf(" %lldk |", (long long)(L / 1024));
-  std::printf(" slope | slope ≥ 8k |\n|---|---|");
-  for (size_t x = 0; x < lengths.size() + 2; ++x) std::printf("---|");
-  std::printf("\n");
-  for (const Variant& v : list) {
-    std::printf("| %s | %s |", v.name.c_str(), v.setting.c_str());
-    std::vector<std::pair<double, double>> all, tail;
-    for (int64_t L : lengths) {
-      auto it = results[v.name].find(L);
-      if (it == results[v.name].end()) {
-        std::printf(" — |");
-        continue;
+  auto time_table = [&](const char* what, double Seconds::*field) {
+    std::printf("Forward + backward, %s, ms (median; 5 runs up to 4k, 3 up to 16k, then 1). Slope: least-squares fit\n"
+                "of log(time) on log(L) over every length, and over L >= 8k (where fixed costs no longer dominate).\n\n",
+                what);
+    std::printf("| variant | setting |");
+    for (int64_t L : lengths) std::printf(" %lldk |", (long long)(L / 1024));
+    std::printf(" slope | slope ≥ 8k |\n|---|---|");
+    for (size_t x = 0; x < lengths.size() + 2; ++x) std::printf("---|");
+    std::printf("\n");
+    for (const Variant& v : list) {
+      std::printf("| %s | %s |", v.name.c_str(), v.setting.c_str());
+      std::vector<std::pair<double, double>> all, tail;
+      for (int64_t L : lengths) {
+        auto it = results[v.name].find(L);
+        if (it == results[v.name].end()) {
+          std::printf(" — |");
+          continue;
+        }
+        const double t = it->second.total().*field;
+        std::printf(" %.1f |", t * 1e3);
+        all.push_back({double(L), t});
+        if (L >= 8192) tail.push_back({double(L), t});
       }
-      std::printf(" %.1f |", it->second.total() * 1e3);
-      all.push_back({double(L), it->second.total()});
-      if (L >= 8192) tail.push_back({double(L), it->second.total()});
+      std::printf(" %.2f | %.2f |\n", loglog_slope(all), loglog_slope(tail));
     }
-    std::printf(" %.2f | %.2f |\n", loglog_slope(all), loglog_slope(tail));
-  }
+    std::printf("\n");
+  };
+  time_table("wall-clock time", &Seconds::wall);
+  time_table("process CPU time (both threads)", &Seconds::cpu);
 
-  std::printf("\nPeak extra resident memory of one forward+backward, MiB (beyond the inputs; outputs and gradients included).\n\n");
+  std::printf("Peak extra resident memory of one forward+backward, MiB (beyond the inputs; outputs and gradients included).\n\n");
   std::printf("| variant |");
   for (int64_t L : lengths) std::printf(" %lldk |", (long long)(L / 1024));
   std::printf("\n|---|");
@@ -299,14 +340,18 @@ int main(int argc, char** argv) {
   if (results.count("exact") && !results["exact"].empty()) {
     const int64_t L = results["exact"].rbegin()->first;
     const Measurement exact = results["exact"][L];
-    std::printf("\nAt L = %lld: speed-up over exact attention (time of exact / time of the variant) and memory as a\n"
-                "fraction of exact's.\n\n| variant | forward | backward | forward+backward | memory |\n|---|---|---|---|---|\n",
+    std::printf("\nAt L = %lld: speed-up over exact attention (time of exact / time of the variant), by wall-clock\n"
+                "and by CPU time, and memory as a fraction of exact's.\n\n"
+                "| variant | forward (wall) | backward (wall) | fwd+bwd (wall) | fwd+bwd (CPU) | memory |\n"
+                "|---|---|---|---|---|---|\n",
                 (long long)L);
     for (const Variant& v : list) {
       auto it = results[v.name].find(L);
       if (it == results[v.name].end()) continue;
-      std::printf("| %s | %.1f× | %.1f× | %.1f× | %.2f |\n", v.name.c_str(), exact.forward / it->second.forward,
-                  exact.backward / it->second.backward, exact.total() / it->second.total(), it->second.mib / exact.mib);
+      const Measurement& m = it->second;
+      std::printf("| %s | %.1f× | %.1f× | %.1f× | %.1f× | %.2f |\n", v.name.c_str(), exact.forward.wall / m.forward.wall,
+                  exact.backward.wall / m.backward.wall, exact.total().wall / m.total().wall,
+                  exact.total().cpu / m.total().cpu, m.mib / exact.mib);
     }
   }
   return 0;
