@@ -21,10 +21,11 @@
 //
 // Two passes keep every gradient row written by one work item (no atomics, the
 // result does not depend on the thread count) at the price of recomputing
-// the logits once more. Every visited block pair costs 4·block²·(E + Ev)
-// flops or so in all; blocks outside the layout cost nothing, so the time is
-// O(nonzero blocks · block² · E) = O(L · blocks per row · block · E) and the
-// memory beyond inputs and outputs O(block² + L) per thread.
+// the logits once more. A visited block pair costs 2·block²·(E + Ev) flops
+// forward and 2·block²·(5E + 3Ev) backward; blocks outside the layout cost
+// nothing, so the time is O(nonzero blocks · block² · E) = O(L · blocks per
+// row · block · E) and the memory beyond inputs and outputs O(L) (the lse and
+// D) plus O(block²) per thread.
 //
 //   strided  (stride ≈ √(L/block)):  O(L·√L·E)    the Sparse Transformer's choice
 //   BigBird  (fixed g, w, r):        O(L·(2g + 2w + 1 + r)·block·E), linear in L
