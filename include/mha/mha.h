@@ -24,4 +24,5 @@
 #include "mha/optim.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
+#include "mha/variants.h"
 #include "mha/version.h"
