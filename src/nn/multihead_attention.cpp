@@ -553,9 +553,6 @@ std::array<const T*, 4> in_projection(const MultiheadAttention& m) {
   return {m.q_proj_weight.data<T>(), m.k_proj_weight.data<T>(), m.v_proj_weight.data<T>(), ptr_or_null<T>(m.in_proj_bias)};
 }
 
-// The first S rows of the key and value buffers (N, ≥ S, D) as heads (N, H, S, E).
-Tensor head_rows(const Tensor& buffer, int64_t H, int64_t S) { return split_heads(buffer, H).slice(2, 0, S); }
-
 // Decoding: x's rows (layout of x) projected to queries, RoPE at positions
 // position … when the module has it, attend to `keys` and `values` (N, H, S, E)
 // under `options`; their heads go through out_proj into a tensor shaped like x.
