@@ -105,6 +105,21 @@ StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& exam
   return r;
 }
 
+bool finish_step(const TrainConfig& c, int64_t step, double loss, int64_t count, int64_t correct,
+                 double train_seconds, double tokens, const std::function<double()>& evaluate,
+                 const std::function<void(const TrainProgress&)>& on_progress, TrainResult& result) {
+  TrainProgress p;
+  p.step = step + 1, p.steps = c.steps, p.loss = loss;
+  p.token_accuracy = count ? double(correct) / double(count) : 0.0;
+  p.elapsed_seconds = train_seconds, p.tokens_per_second = tokens / std::max(train_seconds, 1e-9);
+  const bool last = step + 1 == c.steps || (c.max_seconds > 0 && train_seconds >= c.max_seconds);
+  if ((c.eval_every > 0 && (step + 1) % c.eval_every == 0) || last) p.heldout_exact_match = evaluate();
+  if (on_progress) on_progress(p);
+  result.steps = step + 1, result.final_loss = loss;
+  if (p.heldout_exact_match >= 0) result.heldout_exact_match = p.heldout_exact_match;
+  return last || (c.stop_when_perfect && p.heldout_exact_match >= 1.0);
+}
+
 TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
                   const std::function<void(const TrainProgress&)>& on_progress, TrainState* state,
                   const std::function<void(const TrainState&)>& on_checkpoint) {
@@ -152,18 +167,10 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
     s.train_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     s.tokens += double(loss.tokens);
 
-    TrainProgress p;
-    p.step = step + 1, p.steps = c.steps, p.loss = loss.loss;
-    p.token_accuracy = loss.count ? double(loss.correct) / double(loss.count) : 0.0;
-    p.elapsed_seconds = s.train_seconds, p.tokens_per_second = s.tokens / std::max(s.train_seconds, 1e-9);
-    const bool last = step + 1 == c.steps || (c.max_seconds > 0 && s.train_seconds >= c.max_seconds);
-    if ((c.eval_every > 0 && (step + 1) % c.eval_every == 0) || last)
-      p.heldout_exact_match = exact_match(model, data.heldout());
-    if (on_progress) on_progress(p);
-    result.steps = step + 1, result.final_loss = loss.loss;
-    if (p.heldout_exact_match >= 0) result.heldout_exact_match = p.heldout_exact_match;
+    const bool stop = finish_step(c, step, loss.loss, loss.count, loss.correct, s.train_seconds, s.tokens,
+                                  [&] { return exact_match(model, data.heldout()); }, on_progress, result);
     if (on_checkpoint && c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) on_checkpoint(snapshot());
-    if (last || (c.stop_when_perfect && p.heldout_exact_match >= 1.0)) break;
+    if (stop) break;
   }
   if (state) *state = snapshot();
   result.train_seconds = s.train_seconds;

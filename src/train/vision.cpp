@@ -64,17 +64,9 @@ TrainResult train_digits(nn::VisionTransformer& model, const DigitSplit& data, c
     seconds += std::chrono::duration<double>(clock::now() - t0).count();
     tokens += double(c.batch_size * tokens_per_image);
 
-    TrainProgress p;
-    p.step = step + 1, p.steps = c.steps, p.loss = loss.loss;
-    p.token_accuracy = loss.count ? double(loss.correct) / double(loss.count) : 0.0;
-    p.elapsed_seconds = seconds, p.tokens_per_second = tokens / std::max(seconds, 1e-9);
-    const bool last = step + 1 == c.steps || (c.max_seconds > 0 && seconds >= c.max_seconds);
-    if ((c.eval_every > 0 && (step + 1) % c.eval_every == 0) || last)
-      p.heldout_exact_match = classification_accuracy(model, data.heldout);
-    if (on_progress) on_progress(p);
-    result.steps = step + 1, result.final_loss = loss.loss;
-    if (p.heldout_exact_match >= 0) result.heldout_exact_match = p.heldout_exact_match;
-    if (last || (c.stop_when_perfect && p.heldout_exact_match >= 1.0)) break;
+    if (finish_step(c, step, loss.loss, loss.count, loss.correct, seconds, tokens,
+                    [&] { return classification_accuracy(model, data.heldout); }, on_progress, result))
+      break;
   }
   result.train_seconds = seconds;
   result.tokens_per_second = tokens / std::max(seconds, 1e-9);

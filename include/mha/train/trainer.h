@@ -58,6 +58,15 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& con
                   const std::function<void(const TrainProgress&)>& on_progress = {}, TrainState* state = nullptr,
                   const std::function<void(const TrainState&)>& on_checkpoint = {});
 
+// The bookkeeping every training loop shares, after step `step` (0-based):
+// fills a TrainProgress from the step's loss and the running totals, calls
+// evaluate() (the held-out metric) every eval_every steps and at the last
+// step, reports to on_progress, records into `result`, and returns whether
+// training stops here (last step, time limit, or perfect when asked).
+bool finish_step(const TrainConfig& config, int64_t step, double loss, int64_t count, int64_t correct,
+                 double train_seconds, double tokens, const std::function<double()>& evaluate,
+                 const std::function<void(const TrainProgress&)>& on_progress, TrainResult& result);
+
 // One step's gradients: zeroes the model's gradients, then runs `examples` as
 // micro-batches of micro_batch and accumulates the gradient of the mean loss
 // over all their targets (equal, up to rounding, to one batch of them all).
