@@ -222,8 +222,8 @@ TEST(Tasks, Seq2SeqBatchesAreSourceAndShiftedTarget) {
   EXPECT_EQ(b.targets, (std::vector<int64_t>{4, 1, 3, train::kEos, 7, train::kEos, -100, -100}));
   EXPECT_EQ(train::parse_architecture("encoder-decoder"), train::Architecture::encoder_decoder);
   expect_message<ValueError>([] { train::parse_architecture("seq2seq"); },
-                             "[mha::train::parse_architecture] name: expected 'decoder' or 'encoder-decoder'; got "
-                             "'seq2seq'");
+                             "[mha::train::parse_architecture] name: expected 'decoder', 'encoder-decoder' or "
+                             "'encoder'; got 'seq2seq'");
 }
 
 TEST(Trainer, EncoderDecoderLearnsToCopyShortSequences) {

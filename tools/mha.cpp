@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
 
   mha::tools::TrainCommand train;
   CLI::App* train_cmd = app.add_subcommand("train", "Train a small Transformer on a toy task; report held-out exact match");
-  train_cmd->add_option("--task", train.task, "copy, reverse, sort, add, or digits (8x8 images: a Vision Transformer, with its own defaults: 3000 steps, batch 64, lr 3e-3, ff 128, dropout 0.1)")->capture_default_str();
+  train_cmd->add_option("--task", train.task, "copy, reverse, sort, add, listops (nested [MAX [MIN [MED [SM expressions of --min-length to --max-length tokens; defaults: 64-256 tokens, the encoder, 1000 steps), or digits (8x8 images: a Vision Transformer, with its own defaults: 3000 steps, batch 64, lr 3e-3, ff 128, dropout 0.1)")->capture_default_str();
   train_cmd->add_option("--data", train.data, "digits: the digits.csv.gz file (default: python3-sklearn's)");
   train_cmd->add_option("--patch", train.patch, "digits: patch side in pixels (divides 8)")->capture_default_str();
   train_cmd->add_option("--min-length", train.task_config.min_length, "Shortest input (copy, reverse, sort)")->capture_default_str();
@@ -31,12 +31,32 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--reversed-sum", train.task_config.reversed_sum,
                         "add: zero-padded operands, the sum least significant digit first")->capture_default_str();
   train_cmd->add_option("--heldout", train.task_config.heldout, "Held-out examples")->capture_default_str();
+  train_cmd->add_option("--max-args", train.task_config.max_args, "listops: most operands per operator")->capture_default_str();
+  train_cmd->add_option("--max-depth", train.task_config.max_depth, "listops: deepest nesting")->capture_default_str();
+  mha::nn::AttentionVariant& attention = train.model.attention;
+  train_cmd->add_option("--attention", train.attention,
+                        "Self-attention: " + mha::nn::attention_kind_names() +
+                            " (linformer and axial need --arch encoder; see docs/variants.md)")
+      ->check(CLI::IsMember({"full", "window", "strided", "bigbird", "linear", "performer", "linformer", "lsh", "axial"}))
+      ->capture_default_str();
+  train_cmd->add_option("--window", attention.window, "window: keys within this many positions")->capture_default_str();
+  train_cmd->add_option("--block", attention.block, "strided, bigbird: block length")->capture_default_str();
+  train_cmd->add_option("--features", attention.features, "performer: random features")->capture_default_str();
+  train_cmd->add_option("--redraw-every", attention.redraw_every, "performer: steps between feature draws (0: never)")
+      ->capture_default_str();
+  train_cmd->add_option("--projected", attention.projected, "linformer: projected length k")->capture_default_str();
+  train_cmd->add_option("--hashes", attention.hashes, "lsh: hashing rounds")->capture_default_str();
+  train_cmd->add_option("--chunk", attention.chunk, "lsh: chunk length")->capture_default_str();
+  train_cmd->add_option("--buckets", attention.buckets, "lsh: buckets (0: sequence / chunk)")->capture_default_str();
+  train_cmd->add_option("--axial-width", attention.axial_width, "axial: positions per row (images: the patch grid's)")
+      ->capture_default_str();
   train_cmd->add_option("--d-model", train.model.d_model, "Model dimension")->capture_default_str();
   train_cmd->add_option("--heads", train.model.nhead, "Attention heads")->capture_default_str();
   train_cmd->add_option("--arch", train.architecture,
-                         "Architecture: decoder (decoder-only, on BOS input SEP output EOS) or encoder-decoder "
-                         "(the input is the source, the output the target)")
-      ->check(CLI::IsMember({"decoder", "encoder-decoder"}))
+                         "Architecture: decoder (decoder-only, on BOS input SEP output EOS), encoder-decoder "
+                         "(the input is the source, the output the target) or encoder (bidirectional: BOS input SEP "
+                         "and one MASK per output token, answered in one pass)")
+      ->check(CLI::IsMember({"decoder", "encoder-decoder", "encoder"}))
       ->capture_default_str();
   train_cmd->add_option("--layers", train.model.num_layers, "Transformer layers (an encoder-decoder's decoder layers)")
       ->capture_default_str();
@@ -102,11 +122,19 @@ int main(int argc, char** argv) {
   // 1000) keeps it within a minute on 2 cores; reverse needs the default 1500 (100% at ~1250).
   if (train_cmd->parsed() && train.task == "copy" && train_cmd->get_option("--steps")->count() == 0)
     train.train.steps = 1250;
+  // A preset for a flag the user did not give.
+  const auto fallback = [&](const char* flag, auto& value, auto preset) {
+    if (train_cmd->get_option(flag)->count() == 0) value = preset;
+  };
+  // ListOps is a classification of long expressions: the encoder, and lengths of its own.
+  if (train_cmd->parsed() && train.task == "listops") {
+    fallback("--arch", train.architecture, std::string("encoder"));
+    fallback("--min-length", train.task_config.min_length, int64_t(64));
+    fallback("--max-length", train.task_config.max_length, int64_t(256));
+    fallback("--steps", train.train.steps, int64_t(1000));
+  }
   // --task digits trains a Vision Transformer: its own defaults, where the flags were not given.
   if (train_cmd->parsed() && train.task == "digits") {
-    const auto fallback = [&](const char* flag, auto& value, auto preset) {
-      if (train_cmd->get_option(flag)->count() == 0) value = preset;
-    };
     fallback("--steps", train.train.steps, int64_t(3000));
     fallback("--batch", train.train.batch_size, int64_t(64));
     fallback("--lr", train.train.lr, 3e-3);

@@ -16,6 +16,7 @@
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
 #include "mha/errors.h"
+#include "mha/memory.h"
 #include "mha/nn/init.h"
 #include "mha/viz/html.h"
 #include "mha/viz/image.h"
@@ -24,19 +25,17 @@ namespace mha::tools {
 
 namespace {
 
-// "3 1 4 + 1 5" → token ids; `command` names the caller in errors.
-std::vector<int64_t> parse_input(const std::string& input, const char* command) {
-  std::vector<int64_t> tokens;
-  for (char c : input) {
-    if (c >= '0' && c <= '9') tokens.push_back(c - '0');
-    else if (c == '+') tokens.push_back(train::kPlus);
-    else if (c != ' ' && c != ',')
-      throw ValueError(std::string("[") + command + "] --input: expected digits, spaces and '+'; got '" + c + "'");
-  }
-  if (tokens.empty()) throw ValueError(std::string("[") + command + "] --input: expected at least one digit; got none");
-  return tokens;
+// The model's answer to one typed input: decoded up to max_new tokens, or
+// (the encoder) as many as the task gives that input.
+std::vector<int64_t> answer(train::LoadedCheckpoint& loaded, const std::vector<int64_t>& input, int64_t max_new,
+                            const char* command) {
+  const train::TaskData data(loaded.info.task, loaded.info.seed);
+  const int64_t length = data.output_length(input);
+  if (loaded.info.architecture == train::Architecture::encoder && length < 1)
+    throw ValueError(std::string("[") + command + "] task: expected one whose output length the input fixes (an "
+                     "encoder fills that many slots); got plain add");
+  return loaded.model->answer({input}, {length}, max_new)[0];
 }
-
 
 }  // namespace
 
@@ -60,8 +59,11 @@ int run_train(TrainCommand& cmd) {
     cmd.model.position = nn::parse_position(cmd.position);
     cmd.model.precision = nn::parse_precision(cmd.precision);
     cmd.model.vocab_size = train::kVocab;
+    cmd.model.attention.kind = nn::parse_attention_kind(cmd.attention);
+    // Linformer's projections span the longest sequence the task makes.
+    cmd.model.attention.max_length = train::TaskData(cmd.task_config, cmd.train.seed).max_sequence();
     architecture = train::parse_architecture(cmd.architecture);
-    if (architecture == train::Architecture::decoder) cmd.encoder_layers = 0;
+    if (architecture != train::Architecture::encoder_decoder) cmd.encoder_layers = 0;
     else if (cmd.encoder_layers <= 0) cmd.encoder_layers = cmd.model.num_layers;
     Generator gen(cmd.train.seed);
     model = train::make_task_model(architecture, cmd.model, cmd.encoder_layers, gen);
@@ -70,16 +72,17 @@ int run_train(TrainCommand& cmd) {
   const train::TaskData data(cmd.task_config, cmd.train.seed);
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
-  const std::string layers = architecture == train::Architecture::decoder
-                                 ? std::to_string(cmd.model.num_layers) + " layers"
-                                 : "encoder-decoder, " + std::to_string(cmd.encoder_layers) + " encoder and " +
-                                       std::to_string(cmd.model.num_layers) + " decoder layers";
-  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %s, %s positions, %s, "
-              "%lld parameters, %s precision%s\n",
+  const std::string layers =
+      architecture == train::Architecture::encoder_decoder
+          ? "encoder-decoder, " + std::to_string(cmd.encoder_layers) + " encoder and " +
+                std::to_string(cmd.model.num_layers) + " decoder layers"
+          : train::to_string(architecture) + ", " + std::to_string(cmd.model.num_layers) + " layers";
+  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %s, %s attention, "
+              "%s positions, %s, %lld parameters, %s precision%s\n",
               cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
-              layers.c_str(), nn::to_string(cmd.model.position).c_str(), cmd.model.norm_first ? "Pre-LN" : "Post-LN",
-              (long long)parameters, nn::to_string(cmd.model.precision).c_str(),
-              cmd.model.checkpoint_activations ? ", activation checkpointing" : "");
+              layers.c_str(), nn::describe(cmd.model.attention).c_str(), nn::to_string(cmd.model.position).c_str(),
+              cmd.model.norm_first ? "Pre-LN" : "Post-LN", (long long)parameters,
+              nn::to_string(cmd.model.precision).c_str(), cmd.model.checkpoint_activations ? ", activation checkpointing" : "");
   const auto save = [&](const train::TrainState& s) {
     train::save_checkpoint(cmd.out, *model,
                            {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step,
@@ -91,8 +94,10 @@ int run_train(TrainCommand& cmd) {
     if (!cmd.out.empty()) save(s);
   };
   const train::TrainResult r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint);
-  std::printf("held-out exact match: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
-              100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
+  std::printf("held-out exact match: %.1f%% (token accuracy %.1f%%) after %lld steps, %.1f s of training, %.0f tokens/s\n",
+              100 * r.heldout_exact_match, 100 * r.heldout_token_accuracy, (long long)r.steps, r.train_seconds,
+              r.tokens_per_second);
+  std::printf("peak tensor memory: %.1f MiB\n", double(peak_memory()) / (1 << 20));
   if (!cmd.out.empty()) {
     save(state);
     io::write_file_atomically(cmd.out + "/metrics.csv", report.metrics_csv());
@@ -112,10 +117,10 @@ int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_leng
     std::printf("evaluating on lengths %lld-%lld\n", (long long)loaded.info.task.min_length,
                 (long long)loaded.info.task.max_length);
   const train::TaskData data(loaded.info.task, loaded.info.seed);
-  const double accuracy = train::exact_match(*loaded.model, data.heldout());
-  std::printf("%s: task %s, trained %lld steps; held-out exact match %.1f%% (%lld examples)\n", checkpoint.c_str(),
-              train::to_string(loaded.info.task.task).c_str(), (long long)loaded.info.steps, 100 * accuracy,
-              (long long)data.heldout().size());
+  const train::Evaluation e = train::evaluate(*loaded.model, data.heldout());
+  std::printf("%s: task %s, trained %lld steps; held-out exact match %.1f%%, token accuracy %.1f%% (%lld examples)\n",
+              checkpoint.c_str(), train::to_string(loaded.info.task.task).c_str(), (long long)loaded.info.steps,
+              100 * e.exact_match, 100 * e.token_accuracy, (long long)data.heldout().size());
   return 0;
 }
 
@@ -126,9 +131,12 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
   if (!html && extension != ".png")
     throw mha::ValueError("[mha viz] --out: expected a file name ending in .png or .html; got '" + out + "'");
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
-  const std::vector<int64_t> tokens = parse_input(input, "mha viz");
-  const std::vector<int64_t> output = train::generate(*loaded.model, {tokens}, 2 * int64_t(tokens.size()) + 2)[0];
+  const std::vector<int64_t> tokens = train::parse_tokens(input, "mha viz");
+  const std::vector<int64_t> output = answer(loaded, tokens, 2 * int64_t(tokens.size()) + 2, "mha viz");
   const std::vector<train::AttentionView> views = loaded.model->attention(tokens, output);
+  if (views.empty())
+    throw ValueError("[mha viz] checkpoint: expected a model with full or window attention (the others form no "
+                     "weights to draw); got " + nn::to_string(loaded.info.model.attention.kind) + " attention");
   const auto labels = [](const std::vector<int64_t>& ids) {
     std::vector<std::string> names;
     for (int64_t t : ids) names.push_back(train::format_tokens({t}));
@@ -173,9 +181,9 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
 
 int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new) {
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
-  const std::vector<int64_t> tokens = parse_input(input, "mha generate");
+  const std::vector<int64_t> tokens = train::parse_tokens(input, "mha generate");
   if (max_new <= 0) max_new = 2 * int64_t(tokens.size()) + 2;
-  const std::vector<int64_t> output = train::generate(*loaded.model, {tokens}, max_new)[0];
+  const std::vector<int64_t> output = answer(loaded, tokens, max_new, "mha generate");
   std::printf("%s\n", train::format_tokens(output).c_str());
   return 0;
 }

@@ -1,5 +1,6 @@
-// `mha train`: trains a Transformer (decoder-only or encoder–decoder) on a
-// toy task and reports held-out exact match; with --out, writes a checkpoint (model.safetensors,
+// `mha train`: trains a Transformer (decoder-only, encoder–decoder or
+// encoder) with any attention kind on a toy task and reports held-out exact
+// match and token accuracy; with --out, writes a checkpoint (model.safetensors,
 // config.json, train_state.safetensors), metrics.csv and summary.json. With
 // --resume DIR it continues DIR's run exactly, up to --steps in all.
 #pragma once
@@ -14,7 +15,8 @@ struct TrainCommand {
   std::string task = "copy";
   std::string position = "sinusoidal";
   std::string precision = "float32";  // or bf16-mixed
-  std::string architecture = "decoder";  // or "encoder-decoder"
+  std::string architecture = "decoder";  // or "encoder-decoder", "encoder"
+  std::string attention = "full";        // model.attention.kind by name
   int64_t encoder_layers = 0;            // encoder-decoder; 0: as many as model.num_layers
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;

@@ -6,6 +6,7 @@
 #include "mha/errors.h"
 #include "mha/memory.h"
 #include "mha/nn/activation.h"
+#include "mha/nn/attention_variant.h"
 #include "mha/nn/dropout.h"
 #include "mha/nn/embedding.h"
 #include "mha/nn/encoder_decoder.h"

@@ -14,7 +14,7 @@ constexpr const char* kCtor = "mha::nn::LanguageModel";
 LanguageModel::LanguageModel(const LanguageModelConfig& c, Generator& gen)
     : embedding(checked_token_embedding(c, kCtor), gen),
       head({.in_features = c.d_model, .out_features = c.vocab_size, .dtype = c.dtype, .precision = c.precision}, gen),
-      transformer(stack_config(c, c.num_layers), true, gen),
+      transformer(stack_config(c, c.num_layers), c.causal, gen),
       config_(c) {
   make_position_embedding(position_embedding, c, gen);  // drawn last, so that a sinusoidal model is as before
 }

@@ -17,6 +17,13 @@ EmbeddingConfig checked_token_embedding(const LanguageModelConfig& c, const char
   if (c.position == Position::rope && c.nhead > 0 && (c.d_model % c.nhead != 0 || (c.d_model / c.nhead) % 2 != 0))
     raise<ValueError>(fn, "d_model", "an even multiple of nhead = " + std::to_string(c.nhead) +
                       " (rope rotates pairs of each head's dims)", std::to_string(c.d_model));
+  check_attention_variant(c.attention, fn);
+  if (c.causal && !c.attention.supports_causal())
+    raise<ValueError>(fn, "attention.kind", "one with a causal form for a causal model (linformer and axial have "
+                      "none: use them in a bidirectional encoder)", to_string(c.attention.kind));
+  if (!c.attention.computes_weights() && (c.position == Position::relative || c.position == Position::alibi))
+    raise<ValueError>(fn, "position", "sinusoidal, learned or rope with " + to_string(c.attention.kind) +
+                      " attention (relative and alibi are biases on weights it does not form)", to_string(c.position));
   return {.num_embeddings = c.vocab_size, .embedding_dim = c.d_model, .dtype = c.dtype};
 }
 
@@ -24,7 +31,8 @@ TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_la
   const std::optional<double> rotary = c.position == Position::rope ? std::optional(c.rope_base) : std::nullopt;
   return {.layer = {.d_model = c.d_model, .nhead = c.nhead, .dim_feedforward = c.dim_feedforward, .dropout = c.dropout,
                     .activation = c.activation, .batch_first = true, .norm_first = c.norm_first, .dtype = c.dtype,
-                    .rotary_base = rotary, .precision = c.precision, .checkpoint_activations = c.checkpoint_activations},
+                    .rotary_base = rotary, .precision = c.precision, .checkpoint_activations = c.checkpoint_activations,
+                    .attention = c.attention},
           .num_layers = num_layers,
           .position = c.position,
           .num_buckets = c.num_buckets,

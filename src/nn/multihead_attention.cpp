@@ -11,6 +11,7 @@
 #include "cpu/gemm.h"
 #include "mha/nn/positional.h"
 #include "nn/mixed_precision.h"
+#include "nn/variant_core.h"
 
 namespace mha::nn {
 
@@ -106,6 +107,16 @@ void check_config(const MultiheadAttentionConfig& c) {
   if (c.rotary_base && (c.embed_dim / c.num_heads) % 2 != 0)
     raise<ValueError>(kCtor, "rotary_base", "an even head dim (RoPE rotates pairs)",
                       "head dim " + std::to_string(c.embed_dim / c.num_heads));
+  check_attention_variant(c.attention, kCtor);
+  if (!c.attention.computes_weights()) {
+    const std::string kind = to_string(c.attention.kind) + " attention";
+    if (c.dropout > 0)
+      raise<ValueError>(kCtor, "dropout", "0 with " + kind + " (it has no weights to drop)", std::to_string(c.dropout));
+    if (c.add_bias_kv || c.add_zero_attn)
+      raise<ValueError>(kCtor, "add_bias_kv", "false, and add_zero_attn false, with " + kind, "an extra key");
+    if (c.precision != Precision::float32)
+      raise<ValueError>(kCtor, "precision", "float32 with " + kind, to_string(c.precision));
+  }
 }
 
 Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, Generator& gen, DType dtype) {
@@ -127,6 +138,7 @@ struct MultiheadAttention::Saved {
   AttentionOutput attention;  // out (N, H, L, hd) and lse
   Shape output_shape;
   Shape bias_shape;           // attn_bias's, when backward returns its gradient
+  std::shared_ptr<VariantSaved> variant;  // an efficient variant's core, instead of `attention`
 };
 
 MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, Generator& gen)
@@ -167,6 +179,28 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, G
     out_proj_bias_grad = Tensor::zeros({D}, t);
   }
   dropout_gen_ = Generator(gen.next_u64());
+  const AttentionVariant& a = c.attention;
+  if (a.kind == AttentionKind::performer) feature_gen_ = Generator(gen.next_u64());
+  if (a.kind == AttentionKind::linformer) {
+    linformer_key_projection = linformer_projection(a.projected, a.max_length, gen.next_u64(), t);
+    linformer_value_projection = linformer_projection(a.projected, a.max_length, gen.next_u64(), t);
+    linformer_key_projection_grad = Tensor::zeros({a.projected, a.max_length}, t);
+    linformer_value_projection_grad = Tensor::zeros({a.projected, a.max_length}, t);
+  }
+}
+
+std::vector<NamedGenerator> MultiheadAttention::named_generators() {
+  std::vector<NamedGenerator> out{{"dropout_generator", &dropout_gen_}};
+  if (config_.attention.kind == AttentionKind::performer) out.push_back({"feature_generator", &feature_gen_});
+  return out;
+}
+
+uint64_t MultiheadAttention::feature_seed() {
+  const int64_t every = config_.attention.redraw_every;
+  // Training forward t (counted from 0) uses draw t / every; eval the last one used.
+  const uint64_t t = training_ ? feature_gen_.advance(1) : (feature_gen_.offset() > 0 ? feature_gen_.offset() - 1 : 0);
+  const uint64_t draw = every > 0 ? t / uint64_t(every) : 0;
+  return Generator(feature_gen_.seed() ^ (draw * 0x9E3779B97F4A7C15ull)).next_u64();
 }
 
 void MultiheadAttention::train(bool on) {
@@ -200,6 +234,8 @@ std::vector<NamedParameter> MultiheadAttention::named_parameters() {
   add("bias_v", bias_v, bias_v_grad);
   add("out_proj.weight", out_proj_weight, out_proj_weight_grad);
   add("out_proj.bias", out_proj_bias, out_proj_bias_grad);
+  add("linformer.key_projection", linformer_key_projection, linformer_key_projection_grad);
+  add("linformer.value_projection", linformer_value_projection, linformer_value_projection_grad);
   return out;
 }
 
@@ -376,6 +412,22 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   }
   s.options.causal = in.is_causal ? Causal::top_left : Causal::none;
   s.options.return_weights = in.need_weights;
+  const AttentionVariant& variant = c.attention;
+  if (variant.kind == AttentionKind::window) s.options.window_left = s.options.window_right = variant.window;
+  VariantCall call{.variant = &variant, .causal = in.is_causal};
+  if (!variant.computes_weights()) {
+    const std::string kind = "false with " + to_string(variant.kind) + " attention (it computes no weights)";
+    if (in.need_weights) raise<ValueError>(kForward, "need_weights", kind, "true");
+    if (in.attn_mask.defined() || in.key_padding_mask.defined() || bias.defined())
+      raise<ValueError>(kForward, "inputs", "no attn_mask, key_padding_mask or attn_bias with " +
+                        to_string(variant.kind) + " attention", "one of them");
+    if (variant.kind == AttentionKind::lsh && !(same_view(key, query) && same_view(value, key)))
+      raise<ValueError>(kForward, "key", "query itself (lsh attention is self-attention: its keys are the queries)",
+                        "another tensor");
+    if (variant.kind == AttentionKind::performer) call.feature_seed = feature_seed();
+    call.key_projection = linformer_key_projection, call.value_projection = linformer_value_projection;
+    s.variant = std::make_shared<VariantSaved>();
+  }
   if (training_ && c.dropout > 0) {
     s.options.dropout_p = c.dropout;
     s.options.dropout_seed = dropout_gen_.next_u64();
@@ -417,9 +469,14 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
       rotate_rows(k, H, 0, S, 0, *c.rotary_base);
     }
     s.q = as_operand<A>(q), s.k = as_operand<A>(k), s.v = as_operand<A>(v);
-    s.attention = attention_forward(split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), s.options);
     s.heads = Tensor::empty({N, L, D}, s.q.dtype());
-    split_heads(s.heads, H).copy_(s.attention.out);
+    if (s.variant) {
+      split_heads(s.heads, H).copy_(
+          variant_forward(kForward, call, split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), *s.variant));
+    } else {
+      s.attention = attention_forward(split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), s.options);
+      split_heads(s.heads, H).copy_(s.attention.out);
+    }
     project_out<T, A>(s.heads.data<A>(), layout_of(s.output_shape, c.batch_first), w[3].data<A>(),
                       ptr_or_null<T>(out_proj_bias), D, output.data<T>());
   });
@@ -480,9 +537,21 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
       }
     }
     const bool bias_grad = !s.bias_shape.empty();
-    const AttentionGradients ag = attention_backward(split_heads(as_operand<A>(dheads), H), split_heads(s.q, H),
-                                                     split_heads(s.k, H), split_heads(s.v, H), s.attention, s.options,
-                                                     bias_grad);
+    AttentionGradients ag;
+    if (s.variant) {
+      const VariantGradients vg = variant_backward(*s.variant, split_heads(dheads, H));
+      ag = {.dquery = vg.dq, .dkey = vg.dk, .dvalue = vg.dv};
+      for (auto [grad, d] : {std::pair{&linformer_key_projection_grad, &vg.dkey_projection},
+                             std::pair{&linformer_value_projection_grad, &vg.dvalue_projection}})
+        if (d->defined()) {
+          T* sum = grad->template data<T>();
+          const T* add = d->template data<T>();
+          for (int64_t i = 0; i < d->numel(); ++i) sum[i] += add[i];
+        }
+    } else {
+      ag = attention_backward(split_heads(as_operand<A>(dheads), H), split_heads(s.q, H), split_heads(s.k, H),
+                              split_heads(s.v, H), s.attention, s.options, bias_grad);
+    }
     if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
     Tensor dq = Tensor::empty({N, L, D}, c.dtype), dk = Tensor::empty({N, s.S_total, D}, c.dtype),
            dv = Tensor::empty({N, s.S_total, D}, c.dtype);
@@ -584,6 +653,12 @@ void check_decodable(const char* fn, const MultiheadAttentionConfig& c) {
     raise<ValueError>(fn, "config", "no add_bias_kv and no add_zero_attn", "an extra-key configuration");
 }
 
+// Cross-attention against a memory projected once runs full attention.
+void check_full(const char* fn, const MultiheadAttentionConfig& c) {
+  if (c.attention.kind != AttentionKind::full)
+    raise<ValueError>(fn, "config.attention", "full (memory attention)", to_string(c.attention.kind));
+}
+
 }  // namespace
 
 Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& in) {
@@ -591,6 +666,9 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const
   const int64_t D = c.embed_dim, H = c.num_heads;
   check_sequence(kForwardCached, x, "x", D, c.dtype);
   check_decodable(kForwardCached, c);
+  if (!c.attention.computes_weights())
+    raise<ValueError>(kForwardCached, "config.attention", "full or window (KV-cache decoding)",
+                      to_string(c.attention.kind));
   if (!packed_)
     raise<ValueError>(kForwardCached, "config", "kdim = vdim = embed_dim (self-attention)",
                       "a cross-attention configuration");
@@ -612,6 +690,7 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const
 
   Tensor output = Tensor::empty(x.shape(), c.dtype);
   AttentionOptions options{.mask = in.attn_bias, .causal = in.is_causal ? Causal::bottom_right : Causal::none};
+  if (c.attention.kind == AttentionKind::window) options.window_left = options.window_right = c.attention.window;
   dispatch_products(c.dtype, c.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
     using A = decltype(operand_tag);
@@ -647,6 +726,7 @@ KVCache MultiheadAttention::project_memory(const Tensor& key, const Tensor& valu
   const int64_t rank = check_sequence(kProjectMemory, key, "key", c.kdim, c.dtype);
   check_input(kProjectMemory, value, "value", rank, c.vdim, "vdim", c.dtype);
   check_decodable(kProjectMemory, c);
+  check_full(kProjectMemory, c);
   if (c.rotary_base)
     raise<ValueError>(kProjectMemory, "config", "no rotary_base (cross-attention has no positions)", "rotary_base set");
   check_parameters(kProjectMemory, named_parameters(), c.dtype);
@@ -678,6 +758,7 @@ Tensor MultiheadAttention::forward_memory(const Tensor& query, const KVCache& me
     raise<ShapeError>(kForwardMemory, "memory", "project_memory's keys and values (N, S, D) with N = " +
                       std::to_string(N) + " (query's batch), D = " + std::to_string(D) + ", " + to_string(c.dtype),
                       describe(memory.key));
+  check_full(kForwardMemory, c);
   if (in.is_causal || in.attn_bias.defined())
     raise<ValueError>(kForwardMemory, "inputs", "no is_causal or attn_bias (masks only)", "one of them");
   check_parameters(kForwardMemory, named_parameters(), c.dtype);

@@ -27,10 +27,12 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 
-// Rotary positions apply to self-attention only.
+// Rotary positions and the attention variant apply to self-attention only.
 MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c, bool self_attention) {
-  return {.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = c.dropout, .batch_first = c.batch_first,
-          .dtype = c.dtype, .rotary_base = self_attention ? c.rotary_base : std::nullopt, .precision = c.precision};
+  const AttentionVariant attention = self_attention ? c.attention : AttentionVariant{};
+  return {.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = attention.computes_weights() ? c.dropout : 0.0,
+          .batch_first = c.batch_first, .dtype = c.dtype, .rotary_base = self_attention ? c.rotary_base : std::nullopt,
+          .precision = c.precision, .attention = attention};
 }
 
 LinearConfig feed_forward_config(const TransformerEncoderLayerConfig& c, int64_t in, int64_t out) {

@@ -21,6 +21,39 @@ constexpr const char* kLoad = "mha::train::load_checkpoint";
   throw FormatError(std::string("[") + kLoad + "] " + path + ": " + what);
 }
 
+json attention_json(const nn::AttentionVariant& a) {
+  return {{"kind", nn::to_string(a.kind)}, {"window", a.window}, {"block", a.block}, {"local_blocks", a.local_blocks},
+          {"stride_blocks", a.stride_blocks}, {"global_blocks", a.global_blocks}, {"window_blocks", a.window_blocks},
+          {"random_blocks", a.random_blocks}, {"features", a.features}, {"redraw_every", a.redraw_every},
+          {"projected", a.projected}, {"max_length", a.max_length}, {"buckets", a.buckets}, {"hashes", a.hashes},
+          {"chunk", a.chunk}, {"axial_width", a.axial_width}, {"seed", a.seed}};
+}
+
+// Fields left out keep their defaults (checkpoints from before a field existed).
+nn::AttentionVariant parse_attention(const json& j, const std::string& path) {
+  nn::AttentionVariant a;
+  const std::string kind = j.value("kind", "full");
+  try {
+    a.kind = nn::parse_attention_kind(kind);
+  } catch (const ValueError&) {
+    bad(path, "attention kind must be one of " + nn::attention_kind_names() + "; got " + kind);
+  }
+  for (auto [name, field] : {std::pair{"window", &a.window}, {"block", &a.block}, {"local_blocks", &a.local_blocks},
+                             {"stride_blocks", &a.stride_blocks}, {"global_blocks", &a.global_blocks},
+                             {"window_blocks", &a.window_blocks}, {"random_blocks", &a.random_blocks},
+                             {"features", &a.features}, {"redraw_every", &a.redraw_every},
+                             {"projected", &a.projected}, {"max_length", &a.max_length}, {"buckets", &a.buckets},
+                             {"hashes", &a.hashes}, {"chunk", &a.chunk}, {"axial_width", &a.axial_width}})
+    *field = j.value(name, *field);
+  a.seed = j.value("seed", a.seed);
+  try {
+    nn::check_attention_variant(a, kLoad);
+  } catch (const ValueError& e) {
+    bad(path, std::string("invalid attention settings: ") + e.what());
+  }
+  return a;
+}
+
 json config_json(const Checkpoint& info, const std::string& save_id) {
   const nn::LanguageModelConfig& m = info.model;
   json model = {{"architecture", to_string(info.architecture)}, {"vocab_size", m.vocab_size}, {"d_model", m.d_model},
@@ -29,7 +62,7 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
                 {"norm_first", m.norm_first}, {"dtype", to_string(m.dtype)}, {"position", nn::to_string(m.position)},
                 {"max_len", m.max_len}, {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance},
                 {"rope_base", m.rope_base}, {"precision", nn::to_string(m.precision)},
-                {"checkpoint_activations", m.checkpoint_activations}};
+                {"checkpoint_activations", m.checkpoint_activations}, {"attention", attention_json(m.attention)}};
   // An encoder–decoder's num_layers is its decoder's.
   if (info.architecture == Architecture::encoder_decoder) model["num_encoder_layers"] = info.num_encoder_layers;
   return {{"format", "mha-checkpoint"},
@@ -39,7 +72,7 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
           {"task",
            {{"task", to_string(info.task.task)}, {"min_length", info.task.min_length},
             {"max_length", info.task.max_length}, {"digits", info.task.digits}, {"reversed_sum", info.task.reversed_sum},
-            {"heldout", info.task.heldout}}},
+            {"heldout", info.task.heldout}, {"max_args", info.task.max_args}, {"max_depth", info.task.max_depth}}},
           {"seed", info.seed},
           {"steps", info.steps}};
 }
@@ -54,7 +87,7 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     try {
       info.architecture = parse_architecture(architecture);
     } catch (const ValueError&) {
-      bad(path, "architecture must be decoder or encoder-decoder; got " + architecture);
+      bad(path, "architecture must be decoder, encoder-decoder or encoder; got " + architecture);
     }
     if (info.architecture == Architecture::encoder_decoder)
       info.num_encoder_layers = m.at("num_encoder_layers").get<int64_t>();
@@ -93,6 +126,7 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     if (mc.precision == nn::Precision::bf16_mixed && mc.dtype != DType::float32)
       bad(path, "precision bf16-mixed needs dtype float32; got " + dtype);
     mc.checkpoint_activations = m.value("checkpoint_activations", mc.checkpoint_activations);
+    if (m.contains("attention")) mc.attention = parse_attention(m.at("attention"), path);
     const auto& t = c.at("task");
     info.task.task = parse_task(t.at("task").get<std::string>());
     info.task.min_length = t.at("min_length").get<int64_t>();
@@ -100,6 +134,8 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     info.task.digits = t.at("digits").get<int64_t>();
     info.task.reversed_sum = t.value("reversed_sum", false);  // checkpoints from before the option: plain
     info.task.heldout = t.at("heldout").get<int64_t>();
+    info.task.max_args = t.value("max_args", info.task.max_args);
+    info.task.max_depth = t.value("max_depth", info.task.max_depth);
     info.seed = c.at("seed").get<uint64_t>();
     info.steps = c.at("steps").get<int64_t>();
   } catch (const json::exception& e) {
@@ -153,6 +189,21 @@ std::string new_save_id(int64_t steps) {
   return buf;
 }
 
+// The model's generators' states: {name: [seed, offset]}.
+json generators_json(TaskModel& model) {
+  json generators = json::object();
+  for (const nn::NamedGenerator& g : model.named_generators())
+    generators[g.name] = {g.generator->seed(), g.generator->offset()};
+  return generators;
+}
+
+void restore_generators(TaskModel& model, const json& generators) {
+  for (const nn::NamedGenerator& g : model.named_generators()) {
+    const json& state = generators.at(g.name);
+    g.generator->set_state(state.at(0).get<uint64_t>(), state.at(1).get<uint64_t>());
+  }
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& dir, TaskModel& model, const Checkpoint& info,
@@ -174,19 +225,18 @@ void save_checkpoint(const std::string& dir, TaskModel& model, const Checkpoint&
       tensors.push_back({"exp_avg." + params[i].name, state->exp_avg[i]});
       tensors.push_back({"exp_avg_sq." + params[i].name, state->exp_avg_sq[i]});
     }
-    json generators = json::object();
-    for (const nn::NamedGenerator& g : model.named_generators())
-      generators[g.name] = {g.generator->seed(), g.generator->offset()};
     const json train = {{"step", state->step},         {"data_seed", state->data_seed},
                         {"data_offset", state->data_offset}, {"tokens", state->tokens},
-                        {"train_seconds", state->train_seconds}, {"generators", generators}};
+                        {"train_seconds", state->train_seconds}, {"generators", generators_json(model)}};
     io::save_safetensors(dir + "/train_state.safetensors", tensors,
                          {{"format", "mha-train-state"}, {"save_id", save_id}, {"config", config.dump()},
                           {"train", train.dump()}});
   }
   io::NamedTensors tensors;
   for (const nn::NamedParameter& p : params) tensors.push_back({p.name, *p.value});
-  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "mha"}, {"save_id", save_id}});
+  // The generators too: Performer's features in eval are those of the last training draw.
+  io::save_safetensors(dir + "/model.safetensors", tensors,
+                       {{"format", "mha"}, {"save_id", save_id}, {"generators", generators_json(model).dump()}});
   io::write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
 }
 
@@ -210,11 +260,7 @@ LoadedCheckpoint load_training_checkpoint(const std::string& dir) {
     s.data_offset = train.at("data_offset").get<uint64_t>();
     s.tokens = train.at("tokens").get<double>();
     s.train_seconds = train.at("train_seconds").get<double>();
-    const json& generators = train.at("generators");
-    for (const nn::NamedGenerator& g : out.model->named_generators()) {
-      const json& state = generators.at(g.name);
-      g.generator->set_state(state.at(0).get<uint64_t>(), state.at(1).get<uint64_t>());
-    }
+    restore_generators(*out.model, train.at("generators"));
   } catch (const json::exception& e) {
     bad(path, std::string("invalid training state: ") + e.what());
   }
@@ -249,6 +295,15 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   const size_t used = fill(out.model->named_parameters(), file.tensors, "", weights_path);
   if (used != file.tensors.size())
     bad(weights_path, std::to_string(file.tensors.size() - used) + " tensors that this config's model does not have");
+  // Checkpoints from before the generators were stored with the weights start them afresh.
+  const std::string generators = metadata(file, "generators");
+  if (!generators.empty()) {
+    try {
+      restore_generators(*out.model, parse_json(generators, weights_path));
+    } catch (const json::exception& e) {
+      bad(weights_path, std::string("invalid generator states: ") + e.what());
+    }
+  }
   out.model->eval();
   return out;
 }

@@ -48,18 +48,30 @@ std::vector<std::vector<int64_t>> generate(TaskModel& model, const std::vector<s
   return outputs;
 }
 
-double exact_match(TaskModel& model, const std::vector<Example>& examples) {
-  if (examples.empty()) return 0.0;
+Evaluation evaluate(TaskModel& model, const std::vector<Example>& examples) {
+  if (examples.empty()) return {};
   std::vector<std::vector<int64_t>> inputs;
+  std::vector<int64_t> lengths;
   int64_t longest = 0;
   for (const Example& e : examples) {
     inputs.push_back(e.input);
+    lengths.push_back(int64_t(e.output.size()));
     longest = std::max<int64_t>(longest, int64_t(e.output.size()));
   }
-  const auto outputs = generate(model, inputs, longest + 1);
-  int64_t right = 0;
-  for (size_t i = 0; i < examples.size(); ++i) right += outputs[i] == examples[i].output;
-  return double(right) / double(examples.size());
+  const auto outputs = model.answer(inputs, lengths, longest + 1);
+  int64_t right = 0, tokens = 0, right_tokens = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const std::vector<int64_t>&got = outputs[i], &want = examples[i].output;
+    right += got == want;
+    tokens += int64_t(want.size());
+    for (size_t t = 0; t < std::min(got.size(), want.size()); ++t) right_tokens += got[t] == want[t];
+  }
+  return {.exact_match = double(right) / double(examples.size()),
+          .token_accuracy = tokens > 0 ? double(right_tokens) / double(tokens) : 0.0};
+}
+
+double exact_match(TaskModel& model, const std::vector<Example>& examples) {
+  return evaluate(model, examples).exact_match;
 }
 
 namespace {
@@ -168,7 +180,12 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
     s.tokens += double(loss.tokens);
 
     const bool stop = finish_step(c, step, loss.loss, loss.count, loss.correct, s.train_seconds, s.tokens,
-                                  [&] { return exact_match(model, data.heldout()); }, on_progress, result);
+                                  [&] {
+                                    const Evaluation e = evaluate(model, data.heldout());
+                                    result.heldout_token_accuracy = e.token_accuracy;
+                                    return e.exact_match;
+                                  },
+                                  on_progress, result);
     if (on_checkpoint && c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) on_checkpoint(snapshot());
     if (stop) break;
   }

@@ -43,6 +43,12 @@ struct LanguageModelConfig {
   // Every layer recomputes its forward in backward, keeping only its input
   // (TransformerEncoderLayerConfig::checkpoint_activations).
   bool checkpoint_activations = false;
+  // Every layer's self-attention (attention_variant.h): full, window or an
+  // efficient variant. Only full and window decode with a KV cache.
+  AttentionVariant attention;
+  // false: every position attends to every other (a bidirectional encoder
+  // with a per-position head, as BERT; no KV-cache decoding).
+  bool causal = true;
 };
 
 class LanguageModel : public Module {
@@ -76,7 +82,7 @@ class LanguageModel : public Module {
   // Built (and initialised) in this order.
   Embedding embedding;
   Linear head;
-  TransformerEncoder transformer;               // causal; layers, relative_attention_bias, norm
+  TransformerEncoder transformer;               // causal unless config.causal = false; layers, relative_attention_bias, norm
   std::optional<Embedding> position_embedding;  // learned: (max_len, D)
 
  private:

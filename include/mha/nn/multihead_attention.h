@@ -15,7 +15,8 @@
 // Extensions (unset, the module is torch's): RoPE on q and k (rotary_base),
 // an additive per-head bias with its gradient (attn_bias), incremental
 // self-attention against a KV cache (forward_cached), and cross-attention
-// against keys and values projected once (project_memory, forward_memory).
+// against keys and values projected once (project_memory, forward_memory),
+// and the efficient attention variants (config.attention).
 // Differences from torch are listed in docs/design.md.
 #pragma once
 
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "mha/attention.h"
+#include "mha/nn/attention_variant.h"
 #include "mha/nn/module.h"
 #include "mha/nn/precision.h"
 #include "mha/random.h"
@@ -52,6 +54,9 @@ struct MultiheadAttentionConfig {
   // returned weights and every gradient stay float32 (mha/nn/precision.h).
   // Saved for backward then in bfloat16: the inputs, q, k, v and the heads.
   Precision precision = Precision::float32;
+  // The attention each head computes: full (torch's), or a window or an
+  // efficient variant, with what each of them refuses (attention_variant.h).
+  AttentionVariant attention;
 };
 
 struct MultiheadAttentionInputs {
@@ -98,12 +103,16 @@ class MultiheadAttention : public Module {
   bool packed_in_proj() const { return packed_; }
 
   // Torch's names: in_proj_weight or q/k/v_proj_weight, in_proj_bias, bias_k,
-  // bias_v, out_proj.weight, out_proj.bias (those that exist for the config).
+  // bias_v, out_proj.weight, out_proj.bias (those that exist for the config);
+  // then linformer.key_projection and linformer.value_projection (k,
+  // max_length) for the linformer variant.
   std::vector<NamedParameter> named_parameters() override;
 
   // Draws each training forward's dropout seed; set its state to replay one.
   Generator& dropout_generator() { return dropout_gen_; }
-  std::vector<NamedGenerator> named_generators() override { return {{"dropout_generator", &dropout_gen_}}; }
+  // Performer's features are drawn from feature_generator: one counter per
+  // training forward, a new draw every redraw_every of them.
+  std::vector<NamedGenerator> named_generators() override;
 
   // Saves what backward needs (the last call's inputs and activations).
   MultiheadAttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -141,6 +150,8 @@ class MultiheadAttention : public Module {
   // Parameters, public so that tests and tools can set them.
   Tensor in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias;
   Tensor bias_k, bias_v, out_proj_weight, out_proj_bias;
+  Tensor linformer_key_projection, linformer_value_projection;
+  Tensor linformer_key_projection_grad, linformer_value_projection_grad;
   Tensor in_proj_weight_grad, q_proj_weight_grad, k_proj_weight_grad, v_proj_weight_grad,
       in_proj_bias_grad, bias_k_grad, bias_v_grad, out_proj_weight_grad, out_proj_bias_grad;
 
@@ -148,13 +159,16 @@ class MultiheadAttention : public Module {
   struct Saved;
   MultiheadAttentionConfig config_;
   bool packed_ = true;
-  Generator dropout_gen_;
+  Generator dropout_gen_, feature_gen_;
   std::shared_ptr<Saved> saved_;
   Bf16Weights bf16_;
 
   // Wq, Wk, Wv, Wo as the products' operands: the parameters, or under
   // bf16_mixed their bfloat16 copies (made afresh when `refresh`).
   std::vector<Tensor> product_weights(bool refresh);
+  // Performer: the seed of the features for this forward (advancing the
+  // draw counter when training; in eval, the last training draw's).
+  uint64_t feature_seed();
 };
 
 }  // namespace mha::nn

@@ -44,6 +44,9 @@ struct TransformerEncoderLayerConfig {
   std::optional<double> rotary_base;  // RoPE in self-attention (MultiheadAttentionConfig::rotary_base)
   Precision precision = Precision::float32;  // of the attention blocks and linear1/linear2 (mha/nn/precision.h)
   bool checkpoint_activations = false;  // recompute the forward in backward (above)
+  // Self-attention's kind (attention_variant.h); cross-attention stays full.
+  // Variants without weights get no attention dropout (the other dropouts stay).
+  AttentionVariant attention;
 };
 
 // ReLU or GELU, chosen at construction.

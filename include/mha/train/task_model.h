@@ -8,6 +8,13 @@
 //                    its source (PAD-padded, under a key padding mask) and BOS
 //                    output as its target, predicting output EOS
 //                    (make_seq2seq_batch)
+//   encoder          EncoderOnly: nn::LanguageModel with causal = false on
+//                    BOS input SEP MASK…MASK, the output predicted at the
+//                    MASKs in one pass (make_encoder_batch); every attention
+//                    variant runs here, those without a causal form included
+//
+// Models whose self-attention has no KV cache (the efficient variants) decode
+// by running the whole sequence again for each new token.
 //
 // A TaskModel is a Module: its parameters, generators and mode are its
 // network's. It either owns its network or borrows one that outlives it.
@@ -23,9 +30,10 @@
 
 namespace mha::train {
 
-enum class Architecture { decoder, encoder_decoder };
+enum class Architecture { decoder, encoder_decoder, encoder };
 
-Architecture parse_architecture(const std::string& name);  // "decoder" or "encoder-decoder"; ValueError otherwise
+// "decoder", "encoder-decoder" or "encoder"; ValueError otherwise.
+Architecture parse_architecture(const std::string& name);
 std::string to_string(Architecture architecture);
 
 // One kind of attention of one example, every layer and head: weights (H,
@@ -63,6 +71,12 @@ class TaskModel : public nn::Module {
   virtual Tensor start_decoding(const std::vector<std::vector<int64_t>>& inputs) = 0;
   virtual Tensor decode_step(const Tensor& next) = 0;
 
+  // The model's outputs for `inputs` (eval mode): greedy decoding up to EOS
+  // or max_new tokens (generate(), trainer.h); the encoder instead fills
+  // output_lengths[i] slots of input i in one pass.
+  virtual std::vector<std::vector<int64_t>> answer(const std::vector<std::vector<int64_t>>& inputs,
+                                                   const std::vector<int64_t>& output_lengths, int64_t max_new);
+
   // Every attention of the model over input → output, in one forward.
   virtual std::vector<AttentionView> attention(const std::vector<int64_t>& input,
                                                const std::vector<int64_t>& output) = 0;
@@ -76,7 +90,14 @@ class TaskModelOf : public TaskModel {
   explicit TaskModelOf(std::unique_ptr<Network> owned) : owned_(std::move(owned)), model_(owned_.get()) {}
 
   Network& model() { return *model_; }
+  const Network& model() const { return *model_; }
   nn::Module& network() override { return *model_; }
+
+ protected:
+  // Decoding without a KV cache: the token rows so far, run whole each step.
+  std::vector<std::vector<int64_t>> rows_;
+  // rows_ += next (rows, 1); returns rows_ as one (rows, length) tensor.
+  Tensor extend_rows(const Tensor& next);
 
  private:
   std::unique_ptr<Network> owned_;
@@ -108,11 +129,31 @@ class EncoderDecoder : public TaskModelOf<nn::EncoderDecoderModel> {
   // "encoder self-attention" over the input, "decoder self-attention" over
   // BOS output, "cross-attention" from BOS output to the input.
   std::vector<AttentionView> attention(const std::vector<int64_t>& input, const std::vector<int64_t>& output) override;
+
+ private:
+  std::vector<int64_t> source_;  // decoding without a KV cache: the inputs (rows, S)
 };
 
-// A new model of `architecture`: a LanguageModel of `model`, or an
-// EncoderDecoderModel whose decoder is `model` and whose encoder has
-// num_encoder_layers layers.
+class EncoderOnly : public TaskModelOf<nn::LanguageModel> {
+ public:
+  using TaskModelOf::TaskModelOf;
+  Architecture architecture() const override { return Architecture::encoder; }
+  Batch make_batch(const std::vector<Example>& examples) const override;
+  Tensor forward(const Batch& batch) override;
+  void backward(const Tensor& dlogits) override;
+  // An encoder does not decode: both throw ValueError (use answer()).
+  Tensor start_decoding(const std::vector<std::vector<int64_t>>& inputs) override;
+  Tensor decode_step(const Tensor& next) override;
+  std::vector<std::vector<int64_t>> answer(const std::vector<std::vector<int64_t>>& inputs,
+                                           const std::vector<int64_t>& output_lengths, int64_t max_new) override;
+  // "self-attention" over BOS input SEP MASK…MASK (full and window attention;
+  // none for the variants without weights).
+  std::vector<AttentionView> attention(const std::vector<int64_t>& input, const std::vector<int64_t>& output) override;
+};
+
+// A new model of `architecture`: a LanguageModel of `model` (bidirectional
+// for the encoder), or an EncoderDecoderModel whose decoder is `model` and
+// whose encoder has num_encoder_layers layers.
 std::unique_ptr<TaskModel> make_task_model(Architecture architecture, const nn::LanguageModelConfig& model,
                                            int64_t num_encoder_layers, Generator& gen);
 

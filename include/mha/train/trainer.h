@@ -49,6 +49,7 @@ struct TrainProgress {
 struct TrainResult {
   int64_t steps = 0;
   double heldout_exact_match = 0, train_seconds = 0, tokens_per_second = 0, final_loss = 0;
+  double heldout_token_accuracy = 0;  // at the last evaluation (sequence tasks)
 };
 
 // Trains from scratch, or continues from *state when it holds a step > 0; on
@@ -81,7 +82,13 @@ StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& exam
 std::vector<std::vector<int64_t>> generate(TaskModel& model, const std::vector<std::vector<int64_t>>& inputs,
                                            int64_t max_new);
 
-// Fraction of examples whose greedy output equals the expected output exactly.
-double exact_match(TaskModel& model, const std::vector<Example>& examples);
+// The model's answers (TaskModel::answer) to the examples' inputs against
+// their outputs: the fraction of examples answered exactly, and of output
+// tokens right at their position (a shorter answer misses its missing tokens).
+struct Evaluation {
+  double exact_match = 0, token_accuracy = 0;
+};
+Evaluation evaluate(TaskModel& model, const std::vector<Example>& examples);
+double exact_match(TaskModel& model, const std::vector<Example>& examples);  // evaluate(…).exact_match
 
 }  // namespace mha::train
