@@ -18,17 +18,22 @@ int run_train_digits(TrainCommand& cmd) {
                      "install it and rebuild, or pass --data); got none");
   const train::DigitSplit data = train::split_digits(train::load_digits(path), cmd.digits_heldout, cmd.train.seed);
   Generator gen(cmd.train.seed);
+  nn::AttentionVariant attention = cmd.model.attention;
+  attention.kind = nn::parse_attention_kind(cmd.attention);
   nn::VisionTransformer model({.patch = cmd.patch, .d_model = cmd.model.d_model, .nhead = cmd.model.nhead,
                                .num_layers = cmd.model.num_layers, .dim_feedforward = cmd.model.dim_feedforward,
-                               .dropout = cmd.model.dropout, .activation = cmd.model.activation},
+                               .dropout = cmd.model.dropout, .activation = cmd.model.activation,
+                               .attention = attention},
                               gen);
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model.named_parameters()) parameters += p.value->numel();
   std::printf("mha train: task digits, %lld training and %lld held-out images; ViT patch %lld (%lld tokens), "
-              "d_model %lld, %lld heads, %lld layers, %lld parameters\n",
+              "d_model %lld, %lld heads, %lld layers, %s attention%s, %lld parameters\n",
               (long long)data.train.size(), (long long)data.heldout.size(), (long long)cmd.patch,
-              (long long)(model.grid() * model.grid() + 1), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
-              (long long)cmd.model.num_layers, (long long)parameters);
+              (long long)(model.grid() * model.grid() + (model.pooled() ? 0 : 1)), (long long)cmd.model.d_model,
+              (long long)cmd.model.nhead, (long long)cmd.model.num_layers,
+              nn::describe(model.config().attention).c_str(), model.pooled() ? ", mean-pooled" : "",
+              (long long)parameters);
   ProgressReport report;
   const train::TrainResult r = train::train_digits(model, data, cmd.train, std::ref(report));
   std::printf("held-out accuracy: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",

@@ -5,6 +5,10 @@
 //     for patch (r, c) row_embed[r] + col_embed[c] (2-D, separable)
 //   → num_layers × TransformerEncoderLayer (Pre-LN, batch_first, no mask)
 //   → norm → the class token's vector → head: Linear(D → classes) → logits (B, classes)
+// With axial attention (config.attention.kind = axial) the layers attend
+// along the G × G grid's rows, then its columns (axial.h), which leaves no
+// place for a class token: the head reads the mean of the patches' vectors
+// instead (and cls_token, pos_cls are not parameters).
 // backward(dlogits) accumulates every parameter's gradient.
 #pragma once
 
@@ -26,6 +30,9 @@ struct VisionTransformerConfig {
   double dropout = 0.0;
   Activation activation = Activation::gelu;
   DType dtype = DType::float32;  // float32 or float64
+  // The layers' attention: full, axial (its width is set to the grid's), or
+  // another variant of attention_variant.h over the N + 1 tokens.
+  AttentionVariant attention;
 };
 
 class VisionTransformer : public Module {
@@ -33,8 +40,9 @@ class VisionTransformer : public Module {
   VisionTransformer(const VisionTransformerConfig& config, Generator& gen);
   const VisionTransformerConfig& config() const { return config_; }
   int64_t grid() const { return config_.image_side / config_.patch; }  // patches per side
+  bool pooled() const { return config_.attention.kind == AttentionKind::axial; }  // mean of patches, no class token
 
-  // patch_embed.*, cls_token, pos_cls, row_embed, col_embed, layers.N.*, norm.*, head.*
+  // patch_embed.*, cls_token, pos_cls (unless pooled), row_embed, col_embed, layers.N.*, norm.*, head.*
   std::vector<NamedParameter> named_parameters() override;
   std::vector<NamedGenerator> named_generators() override;
   void train(bool on = true) override;
