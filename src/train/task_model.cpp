@@ -172,7 +172,9 @@ std::vector<std::vector<int64_t>> EncoderOnly::answer(const std::vector<std::vec
   const bool was_training = is_training();
   eval();
   std::vector<std::vector<int64_t>> outputs(inputs.size());
-  constexpr size_t kRows = 64;  // examples per forward
+  // Examples per forward: few, so that evaluating never needs more memory
+  // than a training batch (the forward keeps its activations).
+  constexpr size_t kRows = 8;
   for (size_t first = 0; first < inputs.size(); first += kRows) {
     std::vector<Example> group;
     for (size_t i = first; i < std::min(inputs.size(), first + kRows); ++i) {
