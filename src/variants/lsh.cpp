@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#define MHA_ISA_NAMESPACE variants_portable
+#include "cpu/simd/vec.h"
 #include "mha/random.h"
 #include "variants/common.h"
 
@@ -140,6 +142,23 @@ void sort_by_bucket(const int64_t* bucket, int64_t L, int64_t buckets, int64_t* 
   for (int64_t i = 0; i < L; ++i) ++start[size_t(bucket[i] + 1)];
   for (int64_t b = 0; b < buckets; ++b) start[size_t(b + 1)] += start[size_t(b)];
   for (int64_t i = 0; i < L; ++i) order[start[size_t(bucket[i])]++] = i;
+}
+
+// x_t = e^(x_t - shift) for t < n, in place; returns their sum. Float rows
+// take vec.h's portable 2^x (relative error < 1.2e-7; 0 for -inf), a loop of
+// which vectorises (this file is built with -fno-trapping-math for it) where
+// one expf call per element does not; float64 keeps std::exp.
+template <class T>
+T exp_row(T* x, int64_t n, T shift) {
+  T total = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr float log2e = 1.44269504088896341f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < n; ++t) total += (x[t] = cpu::variants_portable::Vec::exp2_scalar((x[t] - shift) * log2e));
+  } else {
+    for (int64_t t = 0; t < n; ++t) total += (x[t] = std::exp(x[t] - shift));
+  }
+  return total;
 }
 
 // Chunks of the sorted order: chunk c holds order[c·C, min(L, (c+1)·C)).
@@ -283,9 +302,7 @@ void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
           continue;
         }
         const T new_max = std::max(run_max[i], row_max), alpha = std::exp(run_max[i] - new_max);
-        T total = 0;
-        for (int64_t t = 0; t < w.m; ++t) total += (s[t] = std::exp(s[t] - new_max));
-        run_sum[i] = alpha * run_sum[i] + total;
+        run_sum[i] = alpha * run_sum[i] + exp_row(s, w.m, new_max);
         run_max[i] = new_max;
         for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] *= alpha;
       }
@@ -361,9 +378,8 @@ void backward_entry(const Call& c, const T* Q, const T* V, const T* out, const T
         const int64_t i = w.qpos()[a];
         std::copy(dout + i * Ev, dout + (i + 1) * Ev, &x.dov[size_t(a * Ev)]);
         T* s = &w.s[size_t(a * m)];
-        bool any = false;
-        for (int64_t t = 0; t < m; ++t) any |= s[t] != -INFINITY, s[t] = std::exp(s[t] - lse[i]);
-        if (any) seen[i] = true;
+        if (std::any_of(s, s + m, [](T logit) { return logit != -INFINITY; })) seen[i] = true;
+        exp_row(s, m, lse[i]);
       }
       cpu::gemm<T>(false, true, n, m, Ev, T(1), x.dov.data(), Ev, w.values(), Ev, T(0), x.ds.data(), m);  // dout·v_j
       for (int64_t a = 0; a < n; ++a) {
