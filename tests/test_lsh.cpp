@@ -2,7 +2,11 @@
 // (any number of rounds); several buckets and rounds equal an independent
 // dense computation from the buckets lsh_buckets reports; the error against
 // exact attention falls as rounds are added; finite-difference gradients in
-// double; L = 1 and zero queries without NaN; typed errors.
+// double, also over many chunks (the backward's sweeps hand look-back
+// gradients across their borders); results that do not depend on the thread
+// count; L = 1 and zero queries without NaN; typed errors.
+#include <omp.h>
+
 #include <algorithm>
 #include <map>
 
@@ -171,16 +175,44 @@ TEST(Lsh, ErrorFallsAsRoundsGrow) {
   EXPECT_LT(errors.back(), errors.front() / 4);
 }
 
-TEST(Lsh, FiniteDifferenceGradients) {
+// The backward of the causal and non-causal forms against central differences.
+void expect_lsh_gradients(const std::string& name, const Shape& qshape, const Shape& vshape, LshOptions o, uint64_t seed) {
   for (bool causal : {false, true}) {
-    Tensor q = random_tensor({2, 23, 4}, 11), v = random_tensor({2, 23, 3}, 13);
-    const LshOptions o{.buckets = 4, .hashes = 2, .chunk = 4, .seed = 3, .causal = causal, .scale = 0.9};
+    o.causal = causal;
+    Tensor q = random_tensor(qshape, seed), v = random_tensor(vshape, seed + 1);
     LshOutput f = lsh_attention_forward(q, v, o);
-    Tensor r = random_tensor(f.out.shape(), 14);
+    Tensor r = random_tensor(f.out.shape(), seed + 2);
     LshGradients g = lsh_attention_backward(r, q, v, f, o);
-    expect_gradients(causal ? "lsh causal L=23 4 buckets 2 rounds" : "lsh L=23 4 buckets 2 rounds", r,
-                     [&] { return lsh_attention_forward(q, v, o).out; }, {{"dq", q, g.dquery}, {"dv", v, g.dvalue}});
+    expect_gradients((causal ? "lsh causal " : "lsh ") + name, r, [&] { return lsh_attention_forward(q, v, o).out; },
+                     {{"dq", q, g.dquery}, {"dv", v, g.dvalue}});
   }
+}
+
+TEST(Lsh, FiniteDifferenceGradients) {
+  expect_lsh_gradients("L=23 4 buckets 2 rounds", {2, 23, 4}, {2, 23, 3},
+                       {.buckets = 4, .hashes = 2, .chunk = 4, .seed = 3, .scale = 0.9}, 11);
+}
+
+TEST(Lsh, FiniteDifferenceGradientsOverManyChunks) {
+  // One bucket (no hash to flip under ±h): the chunks are runs of positions,
+  // 40 of them, more than one sweep of the backward.
+  expect_lsh_gradients("L=120 40 chunks", {1, 120, 3}, {1, 120, 2}, {.buckets = 1, .hashes = 2, .chunk = 3, .scale = 0.7}, 21);
+}
+
+TEST(Lsh, ResultsDoNotDependOnThreadCount) {
+  Tensor q = random_tensor({2, 700, 8}, 31, DType::float32), v = random_tensor({2, 700, 5}, 32, DType::float32),
+         dout = random_tensor({2, 700, 5}, 33, DType::float32);
+  const LshOptions o{.buckets = 16, .hashes = 3, .chunk = 4, .seed = 9};
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<double>> results[2];
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    LshOutput f = lsh_attention_forward(q, v, o);
+    LshGradients g = lsh_attention_backward(dout, q, v, f, o);
+    results[threads == 3] = {f.out.to_vector(), f.lse.to_vector(), g.dquery.to_vector(), g.dvalue.to_vector()};
+  }
+  omp_set_num_threads(saved);
+  for (size_t x = 0; x < results[0].size(); ++x) EXPECT_EQ(results[0][x], results[1][x]) << x;
 }
 
 TEST(Lsh, LengthOneAndZeroQueriesGiveNoNaN) {

@@ -34,9 +34,10 @@
 // The hashes are piecewise constant: no gradient flows through them.
 //
 // Cost per round: O(L·E·buckets) to hash, O(L + buckets) to sort, and
-// O(L · 2·chunk · (E + Ev)) to attend: O(hashes · L · chunk · E) in all, linear
-// in L for a fixed chunk. Memory O(L·(E + Ev)) per batch entry: the running
-// state, the order, and in backward one chunk's look-back gradients per chunk.
+// O(L · 2·chunk · (E + Ev)) to attend: O(hashes · L · (chunk + buckets) · E) in
+// all, linear in L for fixed chunk and buckets. Memory per batch entry: O(L)
+// in forward (the running softmax state, the order); backward adds the keys'
+// gradient, O(L·E), and the look-back gradients of one chunk in 16.
 #pragma once
 
 #include <cstdint>
