@@ -32,7 +32,7 @@ common=(--arch encoder --d-model 64 --heads 4 --layers 2 --ff 128 --batch 8 --lr
 
 for task in $tasks; do
   case $task in
-    listops) args=(--task listops --min-length 512 --max-length 2048); steps=100 ;;
+    listops) args=(--task listops --min-length 512 --max-length 2048); steps=300 ;;
     copy) args=(--task copy --min-length 512 --max-length 512); steps=150 ;;
     sort) args=(--task sort --min-length 512 --max-length 512); steps=150 ;;
     *) echo "unknown task $task" >&2; exit 2 ;;

@@ -70,7 +70,9 @@ Tensor EncoderDecoderModel::encode(const Tensor& src_ids, const Tensor& src_key_
   check_ids(src_ids, fn, "src_ids");
   check_padding(src_key_padding_mask, src_ids, fn);
   const Tensor x = embed_tokens(embedding, position_embedding, config_.decoder, src_ids, 0, fn);
-  return encoder.forward(x, src_key_padding_mask, need_weights);
+  // An attention kind that forms no weights cannot mask: its self-attention reads padding as tokens.
+  return encoder.forward(x, config_.decoder.attention.computes_weights() ? src_key_padding_mask : Tensor(),
+                         need_weights);
 }
 
 Tensor EncoderDecoderModel::forward(const Tensor& src_ids, const Tensor& tgt_ids, const Tensor& src_key_padding_mask,

@@ -299,9 +299,11 @@ std::vector<int64_t> parse_tokens(const std::string& text, const char* fn) {
         const std::string name = kTokenNames[op - 10];
         if (text.compare(i, name.size(), name) == 0) tokens.push_back(op), i += name.size(), found = true;
       }
-      if (!found)
-        raise<ValueError>(fn, "input", "digits, '+', [MAX, [MIN, [MED, [SM and ']' separated by spaces",
-                          "'" + text.substr(i, 8) + "'");
+      if (!found) {
+        std::string got(1, '\'');  // built by appending: g++ 12 warns (-Wrestrict) on "'" + substr
+        got.append(text, i, 8).push_back('\'');
+        raise<ValueError>(fn, "input", "digits, '+', [MAX, [MIN, [MED, [SM and ']' separated by spaces", got);
+      }
     }
   }
   if (tokens.empty()) raise<ValueError>(fn, "input", "at least one token", "none");

@@ -43,7 +43,9 @@ class EncoderDecoderModel : public Module {
   void release_activations() override;
 
   // src_ids (B, S), tgt_ids (B, T) int64; src_key_padding_mask (B, S) bool,
-  // true at padding (no query attends to it), or undefined → logits (B, T,
+  // true at padding (no query attends to it; but with an attention kind that
+  // forms no weights, config.decoder.attention, the encoder's self-attention
+  // reads padding as tokens and only cross-attention skips it), or undefined → logits (B, T,
   // vocab). need_weights: keep every attention's per-head weights, in
   // encoder.attention_weights() (B, H, S, S), decoder.attention_weights()
   // (B, H, T, T) and decoder.cross_attention_weights() (B, H, T, S).
