@@ -13,7 +13,7 @@ import pathlib
 import sys
 
 KINDS = ["full", "window", "strided", "bigbird", "linear", "performer", "linformer", "lsh", "axial"]
-TASKS = ["listops", "copy", "sort"]
+TASKS = ["copy", "sort", "listops"]
 
 
 def main(root):
@@ -35,6 +35,11 @@ def main(root):
                         f"{s['train_seconds'] / steps:.2f} | {s['peak_tensor_bytes'] / 2**20:.0f} |")
     print(header)
     print("\n".join(rows))
+    baselines = {json.loads(p.read_text()).get("heldout_majority_answer") for p in root.glob("listops-*/summary.json")}
+    baselines.discard(None)
+    if baselines:
+        print(f"\nListOps: always giving the most common held-out answer scores "
+              f"{', '.join(f'{100 * b:.1f}%' for b in sorted(baselines))}.")
 
 
 if __name__ == "__main__":

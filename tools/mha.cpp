@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
 
   mha::tools::TrainCommand train;
   CLI::App* train_cmd = app.add_subcommand("train", "Train a small Transformer on a toy task; report held-out exact match");
-  train_cmd->add_option("--task", train.task, "copy, reverse, sort, add, listops (nested [MAX [MIN [MED [SM expressions of --min-length to --max-length tokens; defaults: 64-256 tokens, the encoder, 1000 steps), or digits (8x8 images: a Vision Transformer, with its own defaults: 3000 steps, batch 64, lr 3e-3, ff 128, dropout 0.1)")->capture_default_str();
+  train_cmd->add_option("--task", train.task, "copy, reverse, sort, add, listops (nested [MAX [MIN [MED [SM expressions of --min-length to --max-length tokens; defaults: 16-64 tokens, the encoder, rope, 600 steps, lr 1e-3), or digits (8x8 images: a Vision Transformer, with its own defaults: 3000 steps, batch 64, lr 3e-3, ff 128, dropout 0.1)")->capture_default_str();
   train_cmd->add_option("--data", train.data, "digits: the digits.csv.gz file (default: python3-sklearn's)");
   train_cmd->add_option("--patch", train.patch, "digits: patch side in pixels (divides 8)")->capture_default_str();
   train_cmd->add_option("--min-length", train.task_config.min_length, "Shortest input (copy, reverse, sort)")->capture_default_str();
@@ -129,9 +129,12 @@ int main(int argc, char** argv) {
   // ListOps is a classification of long expressions: the encoder, and lengths of its own.
   if (train_cmd->parsed() && train.task == "listops") {
     fallback("--arch", train.architecture, std::string("encoder"));
-    fallback("--min-length", train.task_config.min_length, int64_t(64));
-    fallback("--max-length", train.task_config.max_length, int64_t(256));
-    fallback("--steps", train.train.steps, int64_t(1000));
+    fallback("--position", train.position, std::string("rope"));
+    fallback("--min-length", train.task_config.min_length, int64_t(16));
+    fallback("--max-length", train.task_config.max_length, int64_t(64));
+    fallback("--steps", train.train.steps, int64_t(600));
+    fallback("--lr", train.train.lr, 1e-3);
+    fallback("--min-lr", train.train.min_lr, 1e-4);
   }
   // --task digits trains a Vision Transformer: its own defaults, where the flags were not given.
   if (train_cmd->parsed() && train.task == "digits") {

@@ -47,12 +47,14 @@ void ProgressReport::operator()(const train::TrainProgress& p) {
   }
 }
 
-void write_summary(const std::string& dir, const std::string& task, const train::TrainResult& r, int64_t parameters) {
+void write_summary(const std::string& dir, const std::string& task, const train::TrainResult& r, int64_t parameters,
+                   double baseline) {
   std::ostringstream summary;
   summary << "{\n  \"task\": \"" << task << "\",\n  \"steps\": " << r.steps << ",\n  \"heldout_exact_match\": "
           << r.heldout_exact_match << ",\n  \"heldout_token_accuracy\": " << r.heldout_token_accuracy
           << ",\n  \"peak_tensor_bytes\": " << peak_memory() << ",\n  \"train_seconds\": " << r.train_seconds << ",\n  \"tokens_per_second\": "
-          << r.tokens_per_second << ",\n  \"final_loss\": " << r.final_loss << ",\n  \"parameters\": " << parameters
+          << r.tokens_per_second << (baseline >= 0 ? ",\n  \"heldout_majority_answer\": " + std::to_string(baseline) : "")
+          << ",\n  \"final_loss\": " << r.final_loss << ",\n  \"parameters\": " << parameters
           << "\n}\n";
   io::write_file_atomically(dir + "/summary.json", summary.str());
 }

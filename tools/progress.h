@@ -24,6 +24,9 @@ class ProgressReport {
 
 // DIR/summary.json: task, steps, heldout_exact_match, train_seconds,
 // tokens_per_second, final_loss, parameters.
-void write_summary(const std::string& dir, const std::string& task, const train::TrainResult& r, int64_t parameters);
+// baseline >= 0: also "heldout_majority_answer", the held-out exact match of always
+// giving the most common answer (one-token tasks: ListOps).
+void write_summary(const std::string& dir, const std::string& task, const train::TrainResult& r, int64_t parameters,
+                   double baseline = -1);
 
 }  // namespace mha::tools

@@ -70,6 +70,14 @@ int run_train(TrainCommand& cmd) {
     nn::initialize(*model, nn::parse_init(cmd.init), gen);
   }
   const train::TaskData data(cmd.task_config, cmd.train.seed);
+  // One-token answers (ListOps): what always giving the most common one scores.
+  double baseline = -1;
+  if (cmd.task_config.task == train::Task::listops) {
+    std::vector<int64_t> counts(train::kVocab, 0);
+    for (const train::Example& e : data.heldout()) ++counts[size_t(e.output.at(0))];
+    baseline = double(*std::max_element(counts.begin(), counts.end())) / double(data.heldout().size());
+    std::printf("mha train: the most common held-out answer is %.1f%% of them\n", 100 * baseline);
+  }
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
   const std::string layers =
@@ -101,7 +109,7 @@ int run_train(TrainCommand& cmd) {
   if (!cmd.out.empty()) {
     save(state);
     io::write_file_atomically(cmd.out + "/metrics.csv", report.metrics_csv());
-    write_summary(cmd.out, cmd.task, r, parameters);
+    write_summary(cmd.out, cmd.task, r, parameters, baseline);
     std::printf("wrote %s/: model.safetensors, config.json, train_state.safetensors, metrics.csv, summary.json\n",
                 cmd.out.c_str());
   }

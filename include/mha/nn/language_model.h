@@ -1,4 +1,5 @@
-// A decoder-only (GPT-style) Transformer language model:
+// A decoder-only (GPT-style) Transformer language model, or with
+// config.causal = false a bidirectional encoder with the same per-position head:
 //   ids (B, L) int64 → embedding (+ absolute positions: sinusoidal or learned)
 //   → transformer: num_layers × TransformerEncoderLayer with a causal mask
 //     (relative, rope and alibi positions act inside self-attention), then
