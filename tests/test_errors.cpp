@@ -9,20 +9,6 @@ using namespace mha::testing;
 
 namespace {
 
-// Runs f, expects exception E, and checks that each fragment is in its message.
-template <class E, class F>
-void expect_error(F&& f, std::initializer_list<const char*> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one containing " << *fragments.begin();
-  } catch (const E& e) {
-    const std::string what = e.what();
-    for (const char* frag : fragments) EXPECT_NE(what.find(frag), std::string::npos) << "'" << frag << "' not in: " << what;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
-
 Tensor t(const Shape& s, DType d = DType::float32) { return Tensor::zeros(s, d); }
 
 }  // namespace

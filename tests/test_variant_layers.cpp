@@ -193,7 +193,7 @@ TEST(VariantAttention, EveryKindTrainsOnTheEncoder) {
   for (AttentionKind kind : kVariants) {
     SCOPED_TRACE(to_string(kind));
     Generator g(8);
-    auto model = train::make_task_model(train::Architecture::encoder, small_model(kind, data.max_sequence()), 0, g);
+    auto model = train::make_task_model(train::Architecture::encoder, small_model(kind, train::max_sequence(data.config())), 0, g);
     std::vector<double> losses;
     const train::TrainResult r = train::train(
         *model, data, {.steps = 150, .batch_size = 16, .lr = 1e-2, .min_lr = 1e-3, .warmup = 5, .eval_every = 150},
@@ -238,7 +238,7 @@ TEST(VariantAttention, CheckpointsKeepTheVariantAndItsParameters) {
   for (AttentionKind kind : {AttentionKind::linformer, AttentionKind::performer, AttentionKind::lsh}) {
     SCOPED_TRACE(to_string(kind));
     Generator g(10);
-    const LanguageModelConfig c = small_model(kind, data.max_sequence());
+    const LanguageModelConfig c = small_model(kind, train::max_sequence(data.config()));
     auto model = train::make_task_model(train::Architecture::encoder, c, 0, g);
     train::train(*model, data, {.steps = 3, .batch_size = 4, .eval_every = 0});
     const std::string dir = temp_dir("mha_variant_");
@@ -293,7 +293,7 @@ TEST(ListOps, GeneratesExpressionsOfTheLengthsAskedFor) {
     EXPECT_GE(deepest, 2);
     ++counts[size_t(e.output[0])];
   }
-  EXPECT_EQ(data.output_length(data.heldout()[0].input), 1);
+  EXPECT_EQ(output_length(data.config(), data.heldout()[0].input), 1);
   int64_t answers = 0;
   for (int64_t c : counts) answers += c > 0;
   EXPECT_GE(answers, 6);  // not a constant answer

@@ -1,5 +1,5 @@
-// Test helpers: random tensors, a textbook attention in double, and a
-// finite-difference gradient check.
+// Test helpers: random tensors, a textbook attention in double, exception
+// checks, and a finite-difference gradient check.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mha/mha.h"
@@ -135,6 +137,24 @@ inline Naive naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     }
   }
   return r;
+}
+
+// Runs f, expects an exception of type E, and checks that each fragment is in its message.
+template <class E, class F>
+void expect_error(F&& f, std::initializer_list<const char*> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one containing " << *fragments.begin();
+  } catch (const E& e) {
+    const std::string what = e.what();
+    for (const char* frag : fragments) EXPECT_NE(what.find(frag), std::string::npos) << "'" << frag << "' not in: " << what;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+template <class E, class F>
+void expect_error(F&& f, const std::string& fragment) {
+  expect_error<E>(std::forward<F>(f), {fragment.c_str()});
 }
 
 // Relative error ||analytic - numeric|| / max(||analytic||, ||numeric||) of

@@ -8,19 +8,6 @@
 
 namespace mha::testing {
 
-// Runs f and expects an exception of type Error whose message contains `fragment`.
-template <class Error, class F>
-void expect_error(F&& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one containing " << fragment;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
-
 // ||a - b|| / ||b|| over all elements: an approximation's error against the exact result.
 inline double relative_error(const Tensor& a, const Tensor& b) {
   std::vector<double> x = a.to_vector(), y = b.to_vector();

@@ -29,8 +29,7 @@ namespace {
 // (the encoder) as many as the task gives that input.
 std::vector<int64_t> answer(train::LoadedCheckpoint& loaded, const std::vector<int64_t>& input, int64_t max_new,
                             const char* command) {
-  const train::TaskData data(loaded.info.task, loaded.info.seed);
-  const int64_t length = data.output_length(input);
+  const int64_t length = train::output_length(loaded.info.task, input);
   if (loaded.info.architecture == train::Architecture::encoder && length < 1)
     throw ValueError(std::string("[") + command + "] task: expected one whose output length the input fixes (an "
                      "encoder fills that many slots); got plain add");
@@ -61,7 +60,7 @@ int run_train(TrainCommand& cmd) {
     cmd.model.vocab_size = train::kVocab;
     cmd.model.attention.kind = nn::parse_attention_kind(cmd.attention);
     // Linformer's projections span the longest sequence the task makes.
-    cmd.model.attention.max_length = train::TaskData(cmd.task_config, cmd.train.seed).max_sequence();
+    cmd.model.attention.max_length = train::max_sequence(cmd.task_config);
     architecture = train::parse_architecture(cmd.architecture);
     if (architecture != train::Architecture::encoder_decoder) cmd.encoder_layers = 0;
     else if (cmd.encoder_layers <= 0) cmd.encoder_layers = cmd.model.num_layers;

@@ -2,6 +2,8 @@
 // attention views.
 #include "mha/train/task_model.h"
 
+#include <algorithm>
+
 #include "check.h"
 #include "mha/train/trainer.h"
 
@@ -57,21 +59,19 @@ Tensor source_padding(const Batch& b) {
   return any ? Tensor::from_bools(padded, {b.rows, b.source_length}) : Tensor();
 }
 
-// Each row of `rows` as one (rows, length) tensor; they have one length.
-Tensor row_tensor(const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<int64_t> ids;
-  for (const std::vector<int64_t>& row : rows) ids.insert(ids.end(), row.begin(), row.end());
-  return token_tensor(ids, int64_t(rows.size()), int64_t(rows.at(0).size()));
-}
-
 bool has_cache(const nn::LanguageModelConfig& c) { return c.attention.computes_weights(); }
 
 }  // namespace
 
 template <class Network>
-Tensor TaskModelOf<Network>::extend_rows(const Tensor& next) {
-  for (size_t r = 0; r < rows_.size(); ++r) rows_[r].push_back(next.data<int64_t>()[r]);
-  return row_tensor(rows_);
+Tensor TaskModelOf<Network>::append_tokens(const Tensor& next) {
+  const int64_t rows = tokens_.size(0), length = tokens_.size(1);
+  Tensor grown = Tensor::empty({rows, length + 1}, DType::int64);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(tokens_.data<int64_t>() + r * length, length, grown.data<int64_t>() + r * (length + 1));
+    grown.data<int64_t>()[r * (length + 1) + length] = next.data<int64_t>()[r];
+  }
+  return tokens_ = grown;
 }
 
 Batch DecoderOnly::make_batch(const std::vector<Example>& examples) const { return train::make_batch(examples); }
@@ -84,17 +84,13 @@ void DecoderOnly::backward(const Tensor& dlogits) { model().backward(dlogits); }
 Tensor DecoderOnly::start_decoding(const std::vector<std::vector<int64_t>>& inputs) {
   const int64_t rows = int64_t(inputs.size()), length = int64_t(inputs.at(0).size()) + 2;
   const Tensor prompts = token_tensor(rows_of(inputs, kBos, kSep), rows, length);
-  if (!has_cache(model().config())) {
-    rows_.clear();
-    for (const std::vector<int64_t>& input : inputs) rows_.push_back(rows_of({input}, kBos, kSep));
-    return model().forward(prompts);
-  }
+  if (!has_cache(model().config())) return model().forward(tokens_ = prompts);
   model().begin_decode();
   return model().decode_step(prompts);
 }
 
 Tensor DecoderOnly::decode_step(const Tensor& next) {
-  return has_cache(model().config()) ? model().decode_step(next) : model().forward(extend_rows(next));
+  return has_cache(model().config()) ? model().decode_step(next) : model().forward(append_tokens(next));
 }
 
 std::vector<AttentionView> DecoderOnly::attention(const std::vector<int64_t>& input, const std::vector<int64_t>& output) {
@@ -119,19 +115,13 @@ Tensor EncoderDecoder::start_decoding(const std::vector<std::vector<int64_t>>& i
   const int64_t rows = int64_t(inputs.size());
   const Tensor source = token_tensor(rows_of(inputs, -1, -1), rows, int64_t(inputs.at(0).size()));
   const Tensor start = token_tensor(std::vector<int64_t>(size_t(rows), kBos), rows, 1);
-  if (!has_cache(model().config().decoder)) {
-    source_ = rows_of(inputs, -1, -1);
-    rows_.assign(size_t(rows), {kBos});
-    return model().forward(source, start);
-  }
+  if (!has_cache(model().config().decoder)) return model().forward(source_ = source, tokens_ = start);
   model().begin_decode(source);
   return model().decode_step(start);
 }
 
 Tensor EncoderDecoder::decode_step(const Tensor& next) {
-  if (has_cache(model().config().decoder)) return model().decode_step(next);
-  const int64_t rows = int64_t(rows_.size());
-  return model().forward(token_tensor(source_, rows, int64_t(source_.size()) / rows), extend_rows(next));
+  return has_cache(model().config().decoder) ? model().decode_step(next) : model().forward(source_, append_tokens(next));
 }
 
 std::vector<AttentionView> EncoderDecoder::attention(const std::vector<int64_t>& input,

@@ -182,15 +182,15 @@ Example TaskData::sample(Generator& gen) const {
   }
 }
 
-int64_t TaskData::max_sequence() const {
-  if (config_.task == Task::add) return 1 + (2 * config_.digits + 1) + 1 + (config_.digits + 1) + 1;
-  if (config_.task == Task::listops) return 3 + std::max<int64_t>(config_.max_length, 3) + 1;
-  return 3 + 2 * config_.max_length;
+int64_t max_sequence(const TaskConfig& c) {
+  if (c.task == Task::add) return 1 + (2 * c.digits + 1) + 1 + (c.digits + 1) + 1;
+  if (c.task == Task::listops) return 3 + std::max<int64_t>(c.max_length, 3) + 1;
+  return 3 + 2 * c.max_length;
 }
 
-int64_t TaskData::output_length(const std::vector<int64_t>& input) const {
-  switch (config_.task) {
-    case Task::add: return config_.reversed_sum ? config_.digits + 1 : -1;
+int64_t output_length(const TaskConfig& c, const std::vector<int64_t>& input) {
+  switch (c.task) {
+    case Task::add: return c.reversed_sum ? c.digits + 1 : -1;
     case Task::listops: return 1;
     default: return int64_t(input.size());
   }

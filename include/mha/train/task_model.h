@@ -94,10 +94,10 @@ class TaskModelOf : public TaskModel {
   nn::Module& network() override { return *model_; }
 
  protected:
-  // Decoding without a KV cache: the token rows so far, run whole each step.
-  std::vector<std::vector<int64_t>> rows_;
-  // rows_ += next (rows, 1); returns rows_ as one (rows, length) tensor.
-  Tensor extend_rows(const Tensor& next);
+  // Decoding without a KV cache: the tokens so far (rows, length), run whole each step.
+  Tensor tokens_;
+  // Appends next (rows, 1) to tokens_ as its last column and returns tokens_.
+  Tensor append_tokens(const Tensor& next);
 
  private:
   std::unique_ptr<Network> owned_;
@@ -131,7 +131,7 @@ class EncoderDecoder : public TaskModelOf<nn::EncoderDecoderModel> {
   std::vector<AttentionView> attention(const std::vector<int64_t>& input, const std::vector<int64_t>& output) override;
 
  private:
-  std::vector<int64_t> source_;  // decoding without a KV cache: the inputs (rows, S)
+  Tensor source_;  // decoding without a KV cache: the inputs (rows, S)
 };
 
 class EncoderOnly : public TaskModelOf<nn::LanguageModel> {

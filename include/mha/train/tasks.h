@@ -63,10 +63,6 @@ class TaskData {
   const std::vector<Example>& heldout() const { return heldout_; }
   // A training example never in the held-out set.
   Example sample(Generator& gen) const;
-  // Longest BOS + input + SEP + output + EOS.
-  int64_t max_sequence() const;
-  // The output's length for `input`, where the task fixes it (-1 for plain add).
-  int64_t output_length(const std::vector<int64_t>& input) const;
   bool in_heldout(const Example& e) const;
 
  private:
@@ -75,6 +71,11 @@ class TaskData {
   std::unordered_set<std::string> heldout_keys_;
   Example draw(Generator& gen) const;
 };
+
+// Longest BOS + input + SEP + output + EOS of the task's examples.
+int64_t max_sequence(const TaskConfig& config);
+// The output's length for `input`, where the task fixes it (-1 for plain add).
+int64_t output_length(const TaskConfig& config, const std::vector<int64_t>& input);
 
 // Batch tensors for training: ids (B, T) and targets (B, T) with target[t] =
 // ids[t+1] on output positions and -100 elsewhere.
