@@ -1,9 +1,12 @@
-// AdamW, SGD, gradient clipping and schedules (update rules in optim.h).
+// AdamW, SGD, gradient clipping and schedules (update rules in optim.h);
+// AdamW and clipping of float32 parameters run on the layer kernels.
 #include "mha/optim.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/layers/layers.h"
+#include "cpu/reference/layers.h"
 #include "nn/layer_util.h"
 
 namespace mha::optim {
@@ -49,17 +52,15 @@ AdamW::AdamW(std::vector<nn::NamedParameter> params, const AdamWConfig& c) : par
 
 void AdamW::step() {
   ++steps_;
-  const double c = config_.lr, b1 = config_.beta1, b2 = config_.beta2;
-  const double bias1 = 1 - std::pow(b1, double(steps_)), bias2 = 1 - std::pow(b2, double(steps_));
+  const double bias1 = 1 - std::pow(config_.beta1, double(steps_)), bias2 = 1 - std::pow(config_.beta2, double(steps_));
   for (size_t i = 0; i < params_.size(); ++i)
     for_parameter(params_[i], &m_[i], &v_[i], [&](auto* p, auto* g, auto* m, auto* v, int64_t n) {
       using T = std::remove_pointer_t<decltype(p)>;
-      for (int64_t k = 0; k < n; ++k) {
-        p[k] = T(double(p[k]) * (1 - c * config_.weight_decay));
-        m[k] = T(b1 * double(m[k]) + (1 - b1) * double(g[k]));
-        v[k] = T(b2 * double(v[k]) + (1 - b2) * double(g[k]) * double(g[k]));
-        p[k] = T(double(p[k]) - c * (double(m[k]) / bias1) / (std::sqrt(double(v[k]) / bias2) + config_.eps));
-      }
+      const cpu::AdamWStepOf<T> s{.param = p, .exp_avg = m, .exp_avg_sq = v, .grad = g, .n = n, .lr = config_.lr,
+                                  .beta1 = config_.beta1, .beta2 = config_.beta2, .eps = config_.eps,
+                                  .weight_decay = config_.weight_decay, .bias1 = bias1, .bias2 = bias2};
+      if constexpr (std::is_same_v<T, float>) cpu::adamw_step(s);
+      else cpu::reference::adamw_step(s);
     });
 }
 
@@ -97,7 +98,10 @@ double clip_grad_norm(const std::vector<nn::NamedParameter>& params, double max_
   double sq = 0;
   for (const nn::NamedParameter& p : params)
     for_parameter(p, nullptr, nullptr, [&](auto*, auto* g, auto*, auto*, int64_t n) {
-      for (int64_t k = 0; k < n; ++k) sq += double(g[k]) * double(g[k]);
+      using T = std::remove_pointer_t<decltype(g)>;
+      if constexpr (std::is_same_v<T, float>) sq += cpu::sum_of_squares(g, n);
+      else
+        for (int64_t k = 0; k < n; ++k) sq += g[k] * g[k];
     });
   const double norm = std::sqrt(sq);
   if (norm > max_norm) {
@@ -105,7 +109,9 @@ double clip_grad_norm(const std::vector<nn::NamedParameter>& params, double max_
     for (const nn::NamedParameter& p : params)
       for_parameter(p, nullptr, nullptr, [&](auto*, auto* g, auto*, auto*, int64_t n) {
         using T = std::remove_pointer_t<decltype(g)>;
-        for (int64_t k = 0; k < n; ++k) g[k] = T(double(g[k]) * scale);
+        if constexpr (std::is_same_v<T, float>) cpu::scale_in_place(g, n, float(scale));
+        else
+          for (int64_t k = 0; k < n; ++k) g[k] *= scale;
       });
   }
   return norm;

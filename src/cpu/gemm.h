@@ -8,6 +8,14 @@
 
 namespace mha::cpu {
 
+// Who computes float32 products: mha's own kernel (cpu/sgemm/sgemm.h, on the
+// avx512 or avx2 kernels of active_isa(); OpenBLAS on the scalar path) or
+// OpenBLAS. mha's when OpenBLAS runs kernels older than the CPU (gemm.cpp),
+// else OpenBLAS; MHA_GEMM=mha or MHA_GEMM=openblas in the environment decides
+// instead. Chosen once per process, so every run computes the same sums.
+enum class GemmBackend { openblas, mha };
+GemmBackend sgemm_backend();
+
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);

@@ -1,12 +1,12 @@
-// LayerNorm over the last dim. With x̂ = (x - μ)·r, r = 1/sqrt(σ² + ε) and
-// g = dy·w, the input gradient is
-//   dx = r · (g - mean(g) - x̂ · mean(g·x̂))
-// (the two means remove the components along 1 and x̂ that normalisation
-// cannot change); dw += Σ dy·x̂, db += Σ dy over the rows.
+// LayerNorm over the last dim on the layer kernels (float32) or their
+// reference loops (float64); the backward's derivation is in
+// cpu/reference/layers.cpp. dw += Σ dy·x̂, db += Σ dy over the rows.
 #include "mha/nn/layer_norm.h"
 
 #include <cmath>
 
+#include "cpu/layers/layers.h"
+#include "cpu/reference/layers.h"
 #include "nn/layer_util.h"
 
 namespace mha::nn {
@@ -14,7 +14,26 @@ namespace mha::nn {
 namespace {
 constexpr const char* kCtor = "mha::nn::LayerNorm";
 constexpr const char* kForward = "mha::nn::LayerNorm::forward";
+constexpr const char* kForwardSum = "mha::nn::LayerNorm::forward_sum";
 constexpr const char* kBackward = "mha::nn::LayerNorm::backward";
+constexpr const char* kBackwardAdd = "mha::nn::LayerNorm::backward_add";
+
+// `other` shaped and typed like `like` (the tensor it is added to).
+void check_like(const Tensor& other, const Tensor& like, const char* fn, const char* name) {
+  check_defined(other, fn, name);
+  if (other.shape() != like.shape()) raise<ShapeError>(fn, name, "shape " + shape_string(like.shape()), shape_string(other.shape()));
+  if (other.dtype() != like.dtype()) raise<DtypeError>(fn, name, to_string(like.dtype()), to_string(other.dtype()));
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <class T>
+T* data_or_null(Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 }  // namespace
 
 LayerNorm::LayerNorm(const LayerNormConfig& c) : config_(c) {
@@ -34,74 +53,67 @@ std::vector<NamedParameter> LayerNorm::named_parameters() {
   return {{"weight", &weight, &weight_grad}, {"bias", &bias, &bias_grad}};
 }
 
-Tensor LayerNorm::forward(const Tensor& x_in) {
+Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual_in, Tensor* sum, const char* fn) {
   const int64_t D = config_.normalized_shape;
-  check_input(x_in, kForward, "x", config_.dtype, D);
+  check_input(x_in, fn, "x", config_.dtype, D);
   const Tensor x = x_in.contiguous();
+  Tensor residual;
+  if (residual_in) {
+    check_like(*residual_in, x_in, fn, "residual");
+    residual = residual_in->contiguous();
+    *sum = Tensor::empty(x.shape(), config_.dtype);
+  }
   const int64_t rows = x.numel() / D;
   Tensor y = Tensor::empty(x.shape(), config_.dtype);
-  saved_xhat_ = Tensor::empty(x.shape(), config_.dtype);
+  saved_mean_ = Tensor::empty({rows}, config_.dtype);
   saved_rstd_ = Tensor::empty({rows}, config_.dtype);
   dispatch_float(config_.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T* xp = x.data<T>();
-    T *yp = y.data<T>(), *xh = saved_xhat_.data<T>(), *rs = saved_rstd_.data<T>();
-    const T* w = weight.defined() ? weight.data<T>() : nullptr;
-    const T* b = bias.defined() ? bias.data<T>() : nullptr;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = xp + r * D;
-      double mean = 0, var = 0;  // two passes in double: exact enough for any D
-      for (int64_t d = 0; d < D; ++d) mean += double(row[d]);
-      mean /= double(D);
-      for (int64_t d = 0; d < D; ++d) var += (double(row[d]) - mean) * (double(row[d]) - mean);
-      var /= double(D);
-      const T rstd = T(1.0 / std::sqrt(var + config_.eps));
-      rs[r] = rstd;
-      for (int64_t d = 0; d < D; ++d) {
-        const T h = T((double(row[d]) - mean) * double(rstd));
-        xh[r * D + d] = h;
-        yp[r * D + d] = w ? h * w[d] + b[d] : h;
-      }
-    }
+    const cpu::LayerNormForwardOf<T> p{.x = x.data<T>(), .residual = data_or_null<T>(residual),
+                                       .sum = sum ? sum->data<T>() : nullptr, .weight = data_or_null<T>(weight),
+                                       .bias = data_or_null<T>(bias), .y = y.data<T>(), .mean = saved_mean_.data<T>(),
+                                       .rstd = saved_rstd_.data<T>(), .rows = rows, .D = D, .eps = config_.eps};
+    if constexpr (std::is_same_v<T, float>) cpu::layer_norm_forward(p);
+    else cpu::reference::layer_norm_forward(p);
   });
+  saved_input_ = sum ? *sum : x;
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy_in) {
+Tensor LayerNorm::forward(const Tensor& x) { return run_forward(x, nullptr, nullptr, kForward); }
+
+Tensor LayerNorm::forward_sum(const Tensor& x, const Tensor& residual, Tensor* sum) {
+  return run_forward(x, &residual, sum, kForwardSum);
+}
+
+Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* residual_grad_in, const char* fn) {
   const int64_t D = config_.normalized_shape;
-  check_backward(saved_xhat_, dy_in, saved_xhat_.defined() ? saved_xhat_.shape() : Shape{}, config_.dtype, kBackward);
+  check_backward(saved_input_, dy_in, saved_input_.defined() ? saved_input_.shape() : Shape{}, config_.dtype, fn);
   const Tensor dy = dy_in.contiguous();
+  Tensor residual_grad;
+  if (residual_grad_in) {
+    check_like(*residual_grad_in, dy_in, fn, "residual_grad");
+    residual_grad = residual_grad_in->contiguous();
+  }
   const int64_t rows = dy.numel() / D;
   Tensor dx = Tensor::empty(dy.shape(), config_.dtype);
   dispatch_float(config_.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T *g = dy.data<T>(), *xh = saved_xhat_.data<T>(), *rs = saved_rstd_.data<T>();
-    const T* w = weight.defined() ? weight.data<T>() : nullptr;
-    T* dxp = dx.data<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      double mean_g = 0, mean_gx = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        const double gd = double(g[r * D + d]) * (w ? double(w[d]) : 1.0);
-        mean_g += gd;
-        mean_gx += gd * double(xh[r * D + d]);
-      }
-      mean_g /= double(D);
-      mean_gx /= double(D);
-      for (int64_t d = 0; d < D; ++d) {
-        const double gd = double(g[r * D + d]) * (w ? double(w[d]) : 1.0);
-        dxp[r * D + d] = T(double(rs[r]) * (gd - mean_g - double(xh[r * D + d]) * mean_gx));
-      }
-    }
-    if (w)  // parameter gradients: rows in order, so the sums do not depend on threads
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t d = 0; d < D; ++d) {
-          weight_grad.data<T>()[d] += g[r * D + d] * xh[r * D + d];
-          bias_grad.data<T>()[d] += g[r * D + d];
-        }
+    const cpu::LayerNormBackwardOf<T> p{
+        .h = saved_input_.data<T>(), .dy = dy.data<T>(), .weight = data_or_null<T>(weight),
+        .mean = saved_mean_.data<T>(), .rstd = saved_rstd_.data<T>(), .residual_grad = data_or_null<T>(residual_grad),
+        .dx = dx.data<T>(), .dweight = data_or_null<T>(weight_grad), .dbias = data_or_null<T>(bias_grad), .rows = rows,
+        .D = D};
+    if constexpr (std::is_same_v<T, float>) cpu::layer_norm_backward(p);
+    else cpu::reference::layer_norm_backward(p);
   });
   return dx;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) { return run_backward(dy, nullptr, kBackward); }
+
+Tensor LayerNorm::backward_add(const Tensor& dy, const Tensor& residual_grad) {
+  return run_backward(dy, &residual_grad, kBackwardAdd);
 }
 
 }  // namespace mha::nn

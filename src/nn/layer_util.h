@@ -4,6 +4,7 @@
 #include <string>
 
 #include "check.h"
+#include "cpu/layers/layers.h"
 
 namespace mha::nn {
 
@@ -35,6 +36,17 @@ inline void check_backward(const Tensor& saved, const Tensor& dy, const Shape& w
   check_defined(dy, fn, "dy");
   if (dy.shape() != want) raise<ShapeError>(fn, "dy", "the output's shape " + shape_string(want), shape_string(dy.shape()));
   if (dy.dtype() != dtype) raise<DtypeError>(fn, "dy", to_string(dtype), to_string(dy.dtype()));
+}
+
+// db (cols) += Σ_rows dy, dy rows × cols contiguous (a bias's gradient).
+template <class T>
+void add_bias_gradient(const T* dy, int64_t rows, int64_t cols, T* db) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::add_column_sums(dy, rows, cols, db);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) db[c] += dy[r * cols + c];
+  }
 }
 
 }  // namespace mha::nn

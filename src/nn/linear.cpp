@@ -78,12 +78,7 @@ Tensor Linear::backward(const Tensor& dy_in) {
     const Tensor d = as_operand<A>(dy);
     const Tensor& w = weight_operand<A>(weight, bf16_, 0, false);
     cpu::gemm(true, false, out, in, rows, T(1), d.data<A>(), out, saved_x_.data<A>(), in, T(1), weight_grad.data<T>(), in);
-    if (bias.defined()) {
-      const T* g = dy.data<T>();
-      T* db = bias_grad.data<T>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < out; ++o) db[o] += g[r * out + o];
-    }
+    if (bias.defined()) add_bias_gradient(dy.data<T>(), rows, out, bias_grad.data<T>());
     cpu::gemm(false, false, rows, in, out, T(1), d.data<A>(), out, w.data<A>(), in, T(0), dx.data<T>(), in);
   });
   return dx;

@@ -1,8 +1,11 @@
-// Cross-entropy with log-softmax computed stably per row (max subtracted).
+// Cross-entropy with log-softmax computed stably per row (max subtracted), on
+// the fused softmax + cross-entropy kernel (float32) or its reference loops.
 #include "mha/nn/loss.h"
 
 #include <cmath>
 
+#include "cpu/layers/layers.h"
+#include "cpu/reference/layers.h"
 #include "nn/layer_util.h"
 
 namespace mha::nn {
@@ -27,34 +30,21 @@ CrossEntropyResult cross_entropy(const Tensor& logits_in, const Tensor& targets_
       raise<ValueError>(fn, "targets", "values in [0, " + std::to_string(C) + ") or ignore_index " + std::to_string(o.ignore_index),
                         std::to_string(t[r]) + " at flat index " + std::to_string(r));
   CrossEntropyResult res;
-  res.dlogits = Tensor::zeros(logits.shape(), logits.dtype());
+  res.dlogits = Tensor::empty(logits.shape(), logits.dtype());
   for (int64_t r = 0; r < rows; ++r) res.count += t[r] != o.ignore_index;
-  if (res.count == 0) return res;
-  const double eps = o.label_smoothing, inv_count = 1.0 / double(res.count);
+  if (res.count == 0) {
+    res.dlogits.fill_(0.0);
+    return res;
+  }
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* x = logits.data<T>();
-    T* d = res.dlogits.data<T>();
-    double total = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (t[r] == o.ignore_index) continue;
-      const T* row = x + r * C;
-      double max = row[0];
-      int64_t argmax = 0;
-      for (int64_t c = 1; c < C; ++c)
-        if (row[c] > max) max = row[c], argmax = c;
-      double sum = 0, sum_logits = 0;
-      for (int64_t c = 0; c < C; ++c) sum += std::exp(double(row[c]) - max), sum_logits += double(row[c]);
-      const double lse = max + std::log(sum);
-      // -log p_target and mean_c(-log p_c) = lse - mean_c(logit_c)
-      total += (1 - eps) * (lse - double(row[t[r]])) + eps * (lse - sum_logits / double(C));
-      res.correct += argmax == t[r];
-      for (int64_t c = 0; c < C; ++c) {
-        const double q = (c == t[r] ? 1 - eps : 0.0) + eps / double(C);
-        d[r * C + c] = T((std::exp(double(row[c]) - lse) - q) * inv_count);
-      }
-    }
-    res.loss = total * inv_count;
+    const cpu::CrossEntropyOf<T> p{.logits = logits.data<T>(), .targets = t, .dlogits = res.dlogits.data<T>(),
+                                   .rows = rows, .C = C, .ignore_index = o.ignore_index,
+                                   .label_smoothing = o.label_smoothing, .grad_scale = 1.0 / double(res.count)};
+    double total;
+    if constexpr (std::is_same_v<T, float>) total = cpu::cross_entropy_forward_backward(p, &res.count, &res.correct);
+    else total = cpu::reference::cross_entropy_forward_backward(p, &res.count, &res.correct);
+    res.loss = total / double(res.count);
   });
   return res;
 }

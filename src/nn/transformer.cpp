@@ -3,6 +3,7 @@
 // residual path's gradient to each block's.
 #include "mha/nn/transformer.h"
 
+#include "cpu/layers/layers.h"
 #include "nn/layer_util.h"
 
 namespace mha::nn {
@@ -16,12 +17,13 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
   check_layer_dtype(a_in.dtype(), fn);
   const Tensor a = a_in.contiguous(), b = b_in.contiguous();
   Tensor out = Tensor::empty(a.shape(), a.dtype());
-  dispatch_float(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T *x = a.data<T>(), *y = b.data<T>();
-    T* z = out.data<T>();
-    for (int64_t i = 0; i < a.numel(); ++i) z[i] = x[i] + y[i];
-  });
+  if (a.dtype() == DType::float32) {
+    cpu::add_arrays(a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
+    return out;
+  }
+  const double *x = a.data<double>(), *y = b.data<double>();
+  double* z = out.data<double>();
+  for (int64_t i = 0; i < a.numel(); ++i) z[i] = x[i] + y[i];
   return out;
 }
 
@@ -82,17 +84,26 @@ Tensor self_attention_backward(MultiheadAttention& attention, Dropout& drop, con
   return add(b.dquery, b.dkv);
 }
 
-// One residual block around f: Pre-LN x + f(norm(x)), Post-LN norm(x + f(x)).
+// One residual block around f: Pre-LN x + f(norm(x)), Post-LN norm(x + f(x))
+// (the sum and the norm in one sweep).
 template <class F>
 Tensor residual(bool norm_first, LayerNorm& norm, const Tensor& x, F&& f) {
-  return norm_first ? add(x, f(norm.forward(x))) : norm.forward(add(x, f(x)));
+  Tensor sum;
+  return norm_first ? add(x, f(norm.forward(x))) : norm.forward_sum(x, f(x), &sum);
+}
+
+// Pre-LN blocks in a row, x + f(norm_a(x)) then the next block's norm_b of
+// that sum: both in one sweep. Returns norm_b(h) and the sum h in *sum.
+template <class F>
+Tensor pre_norm_block(LayerNorm& norm_a, LayerNorm& norm_b, const Tensor& x, Tensor* sum, F&& f) {
+  return norm_b.forward_sum(x, f(norm_a.forward(x)), sum);
 }
 
 // Its backward; df maps the gradient of f's output to that of its input.
 //   Pre-LN: dx = dy + norm'(df(dy));  Post-LN: g = norm'(dy), dx = g + df(g).
 template <class F>
 Tensor residual_backward(bool norm_first, LayerNorm& norm, const Tensor& dy, F&& df) {
-  if (norm_first) return add(dy, norm.backward(df(dy)));
+  if (norm_first) return norm.backward_add(df(dy), dy);
   const Tensor g = norm.backward(dy);
   return add(g, df(g));
 }
@@ -165,7 +176,12 @@ Tensor TransformerEncoderLayer::forward_blocks(const Tensor& src, const EncoderI
                            in.need_weights ? &weights_ : nullptr, in.attn_bias, in.attn_bias_grad);
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout2, x); };
-  return residual(config_.norm_first, norm2, residual(config_.norm_first, norm1, src, sa), ff);
+  if (config_.norm_first) {
+    Tensor h;
+    const Tensor normed = pre_norm_block(norm1, norm2, src, &h, sa);
+    return add(h, ff(normed));
+  }
+  return residual(false, norm2, residual(false, norm1, src, sa), ff);
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const EncoderInputs& in) {
@@ -264,10 +280,15 @@ Tensor TransformerDecoderLayer::forward_blocks(const Tensor& tgt, const Tensor& 
                            in.memory_is_causal, in.need_weights ? &cross_weights_ : nullptr);
   };
   auto ff = [&](const Tensor& x) { return feed_forward(linear1, activation_, dropout, linear2, dropout3, x); };
-  const bool norm_first = config_.norm_first;
-  const Tensor h1 = residual(norm_first, norm1, tgt, sa);
-  const Tensor h2 = residual(norm_first, norm2, h1, ca);
-  return residual(norm_first, norm3, h2, ff);
+  if (config_.norm_first) {
+    Tensor h1, h2;
+    const Tensor normed2 = pre_norm_block(norm1, norm2, tgt, &h1, sa);
+    const Tensor normed3 = norm3.forward_sum(h1, ca(normed2), &h2);
+    return add(h2, ff(normed3));
+  }
+  const Tensor h1 = residual(false, norm1, tgt, sa);
+  const Tensor h2 = residual(false, norm2, h1, ca);
+  return residual(false, norm3, h2, ff);
 }
 
 Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const DecoderInputs& in) {

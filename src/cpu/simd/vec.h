@@ -6,7 +6,9 @@
 //   load_partial(p, n)      lanes >= n read as 0 (n < W)
 //   store_partial(p, n)
 //   set1(x), zero()
-//   fma(a, b, c) = a·b + c, +, -, *, max(a, b)
+//   fma(a, b, c) = a·b + c, +, -, *, /, max(a, b), min(a, b), sqrt(a), abs(a)
+//   select_gt(a, b, x, y)   a > b ? x : y, lane by lane (false for NaN)
+//   reduce_add(a)           the sum of the lanes, in a fixed order
 //   exp2(x)                 2^x, relative error < 1.2e-7; exactly 0 for x <= -150 (and -inf)
 //
 // Include this file only from a kernel translation unit that defines
@@ -54,6 +56,14 @@ struct Vec {
   friend Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
   friend Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
   friend Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+  friend Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+  friend Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
+  friend Vec sqrt(Vec a) { return {_mm512_sqrt_ps(a.v)}; }
+  friend Vec abs(Vec a) { return {_mm512_abs_ps(a.v)}; }
+  friend Vec select_gt(Vec a, Vec b, Vec x, Vec y) {
+    return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), y.v, x.v)};
+  }
+  friend float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
   friend Vec exp2(Vec x) {
     // Below -150, p·2^n underflows to exactly 0 (so -inf gives 0); scalef
     // also saturates large n to inf, so no upper clamp is needed.
@@ -85,6 +95,18 @@ struct Vec {
   friend Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
   friend Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
   friend Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
+  friend Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
+  friend Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
+  friend Vec sqrt(Vec a) { return {_mm256_sqrt_ps(a.v)}; }
+  friend Vec abs(Vec a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+  friend Vec select_gt(Vec a, Vec b, Vec x, Vec y) {
+    return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ))};
+  }
+  friend float reduce_add(Vec a) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+  }
   friend Vec exp2(Vec x) {
     x.v = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
     x.v = _mm256_min_ps(x.v, _mm256_set1_ps(127.0f));
@@ -143,6 +165,31 @@ struct Vec {
   friend Vec max(Vec a, Vec b) {
     for (int i = 0; i < W; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
     return a;
+  }
+  friend Vec operator/(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] /= b.v[i];
+    return a;
+  }
+  friend Vec min(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i];
+    return a;
+  }
+  friend Vec sqrt(Vec a) {
+    for (int i = 0; i < W; ++i) a.v[i] = __builtin_sqrtf(a.v[i]);
+    return a;
+  }
+  friend Vec abs(Vec a) {
+    for (int i = 0; i < W; ++i) a.v[i] = __builtin_fabsf(a.v[i]);
+    return a;
+  }
+  friend Vec select_gt(Vec a, Vec b, Vec x, Vec y) {
+    for (int i = 0; i < W; ++i) x.v[i] = a.v[i] > b.v[i] ? x.v[i] : y.v[i];
+    return x;
+  }
+  friend float reduce_add(Vec a) {  // pairwise, as the SIMD paths' halving
+    for (int w = W / 2; w > 0; w /= 2)
+      for (int i = 0; i < w; ++i) a.v[i] += a.v[i + w];
+    return a.v[0];
   }
   static float exp2_scalar(float x) {
     x = x < -127.0f ? -127.0f : (x > 127.0f ? 127.0f : x);

@@ -1,0 +1,105 @@
+// Training throughput of `mha train`'s decoder-only model on copy-task
+// sequences, step by step through train::train (what a user's run does),
+// for the four configurations of bench/torch_train.py:
+//   small  d 64,  4 heads, 2 layers, ff 256,  batch 32, inputs 10–20 (~43 tokens)
+//   mid    d 256, 8 heads, 4 layers, ff 1024, batch 16, inputs 64    (131 tokens)
+//   wide   d 512, 8 heads, 6 layers, ff 2048, batch 8,  inputs 253   (509 tokens)
+//   long   d 256, 4 heads, 2 layers, ff 1024, batch 2,  inputs 1018  (2039 tokens)
+// Prints one JSON line: median tokens/s over the timed steps (padded tokens,
+// evaluation excluded), the step's GFLOP/s and its share of the FP32 FMA peak
+// measured here, and the peak resident memory the steps add.
+//
+// FLOPs per token: 6 × dense parameters (the layers' and the head's matrices:
+// 2 forward, 4 backward) plus causal attention's 4·D·(T+1)/2 per layer
+// forward (QKᵀ and PV over the visible pairs), × 3.5 with backward.
+//
+//   build/bench/train_throughput --config mid [--steps 20] [--warmup 3] [--precision bf16-mixed]
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "measure.h"
+#include "mha/memory.h"
+#include "mha/train/trainer.h"
+#include "peak.h"
+
+namespace {
+
+struct ModelShape {
+  int64_t d_model, heads, layers, ff, batch, min_length, max_length;
+};
+
+const std::map<std::string, ModelShape> kConfigs = {
+    {"small", {64, 4, 2, 256, 32, 10, 20}},
+    {"mid", {256, 8, 4, 1024, 16, 64, 64}},
+    {"wide", {512, 8, 6, 2048, 8, 253, 253}},
+    {"long", {256, 4, 2, 1024, 2, 1018, 1018}},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mha;
+  CLI::App app{"Training tokens/s of mha's decoder-only model"};
+  std::string config = "mid", precision = "float32";
+  int steps = 20, warmup = 3;
+  app.add_option("--config", config, "small, mid, wide or long")->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--precision", precision, "float32 or bf16-mixed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const auto found = kConfigs.find(config);
+  if (found == kConfigs.end()) {
+    std::fprintf(stderr, "train_throughput: --config: expected small, mid, wide or long; got %s\n", config.c_str());
+    return 2;
+  }
+  const ModelShape& s = found->second;
+
+  nn::LanguageModelConfig model_config{.vocab_size = train::kVocab, .d_model = s.d_model, .nhead = s.heads,
+                                       .num_layers = s.layers, .dim_feedforward = s.ff,
+                                       .precision = nn::parse_precision(precision)};
+  const train::TaskConfig task{.task = train::Task::copy, .min_length = s.min_length, .max_length = s.max_length,
+                               .heldout = 2};
+  train::TrainConfig tc{.steps = warmup + steps, .batch_size = s.batch, .eval_every = 0, .stop_when_perfect = false};
+  Generator gen(tc.seed);
+  auto model = train::make_task_model(train::Architecture::decoder, model_config, 0, gen);
+  const train::TaskData data(task, tc.seed);
+
+  int64_t dense = 0;  // parameters that are matrices of products (not embeddings, norms or biases)
+  for (const nn::NamedParameter& p : model->named_parameters())
+    if (p.value->dim() == 2 && p.name.find("embedding") == std::string::npos) dense += p.value->numel();
+
+  std::vector<double> step_seconds, step_tokens;
+  double last_elapsed = 0, last_tokens = 0;
+  const auto on_progress = [&](const train::TrainProgress& p) {
+    const double tokens = p.tokens_per_second * p.elapsed_seconds;
+    if (p.step > warmup) step_seconds.push_back(p.elapsed_seconds - last_elapsed), step_tokens.push_back(tokens - last_tokens);
+    last_elapsed = p.elapsed_seconds, last_tokens = tokens;
+  };
+  reset_peak_memory();
+  const double extra_mib = bench::peak_extra_mib([&] { train::train(*model, data, tc, on_progress); });
+
+  std::vector<double> rates, flops;
+  for (size_t i = 0; i < step_seconds.size(); ++i) {
+    const double tokens = step_tokens[i], rows = double(s.batch), T = tokens / rows;
+    const double attention = 3.5 * 4.0 * double(s.d_model) * (T + 1) / 2 * double(s.layers);
+    rates.push_back(tokens / step_seconds[i]);
+    flops.push_back(tokens * (6.0 * double(dense) + attention) / step_seconds[i]);
+  }
+  std::sort(rates.begin(), rates.end());
+  std::sort(flops.begin(), flops.end());
+  const int threads = omp_get_max_threads();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const double peak = bench::fma_peak_gflops(threads, avx512);
+  const double gflops = flops[flops.size() / 2] / 1e9;
+  std::printf("{\"system\": \"mha\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"tokens_per_second\": %.1f, "
+              "\"gflops\": %.2f, \"peak_gflops\": %.1f, \"percent_of_peak\": %.1f, \"peak_extra_mib\": %.1f, "
+              "\"peak_tensor_mib\": %.1f, \"dense_parameters\": %lld, \"cpu\": \"%s\", \"isa\": \"%s\"}\n",
+              config.c_str(), precision.c_str(), threads, rates[rates.size() / 2], gflops, peak, 100 * gflops / peak,
+              extra_mib, double(peak_memory()) / (1 << 20), (long long)dense, bench::cpu_name().c_str(),
+              avx512 ? "AVX-512" : "AVX2");
+  return 0;
+}

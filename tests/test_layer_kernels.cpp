@@ -1,0 +1,247 @@
+// The layer kernels (cpu/layers) and mha's float32 product (cpu/sgemm)
+// against their reference path, on every instruction set this CPU supports
+// (each forced in turn), at odd sizes (tails of every vector width), with
+// huge, tiny and non-finite values; results independent of the thread count.
+#include <omp.h>
+
+#include <limits>
+#include <random>
+
+#include "cpu/flash/dispatch.h"
+#include "cpu/gemm.h"
+#include "cpu/layers/layers.h"
+#include "cpu/reference/layers.h"
+#include "cpu/sgemm/sgemm.h"
+#include "testing.h"
+
+using namespace mha;
+
+namespace {
+
+class LayerKernels : public ::testing::TestWithParam<cpu::Isa> {
+ protected:
+  void SetUp() override { cpu::force_isa(GetParam()); }
+  void TearDown() override { cpu::force_isa(std::nullopt); }
+};
+
+std::string isa_name(const ::testing::TestParamInfo<cpu::Isa>& info) { return cpu::to_string(info.param); }
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+// |a - b| <= atol + rtol·|b| element by element.
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_LE(std::abs(double(a[i]) - double(b[i])), atol + rtol * std::abs(double(b[i])))
+        << what << " at " << i << ": " << a[i] << " vs " << b[i];
+}
+
+constexpr cpu::ActivationKind kKinds[] = {cpu::ActivationKind::relu, cpu::ActivationKind::gelu,
+                                          cpu::ActivationKind::gelu_tanh};
+
+TEST_P(LayerKernels, ActivationsMatchReference) {
+  for (cpu::ActivationKind kind : kKinds)
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 17}, {5, 33}, {64, 1027}}) {
+      SCOPED_TRACE(std::to_string(int(kind)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+      const size_t n = size_t(rows * cols);
+      std::vector<float> x = random_floats(n, 1, 3.0f), bias = random_floats(size_t(cols), 2), dy = random_floats(n, 3);
+      x[0] = 12.0f;  // far tails of both signs
+      if (n > 1) x[1] = -12.0f;
+      std::vector<float> pre(n), y(n), pre_ref(n), y_ref(n);
+      cpu::activation_forward(kind, x.data(), bias.data(), pre.data(), y.data(), rows, cols);
+      cpu::reference::activation_forward<float>(kind, x.data(), bias.data(), pre_ref.data(), y_ref.data(), rows, cols);
+      expect_close(pre, pre_ref, 0, 0, "pre-activation");
+      expect_close(y, y_ref, 1e-6, 1e-6, "forward");  // A&S 7.1.26: |ΔΦ| ≤ 1.5e-7, times |x|
+      std::vector<float> dx(n), dx_ref(n), db(size_t(cols), 0.5f), db_ref(size_t(cols), 0.5f);
+      cpu::activation_backward(kind, pre.data(), dy.data(), dx.data(), db.data(), rows, cols);
+      cpu::reference::activation_backward<float>(kind, pre.data(), dy.data(), dx_ref.data(), db_ref.data(), rows, cols);
+      expect_close(dx, dx_ref, 1e-6, 5e-6, "backward");
+      expect_close(db, db_ref, 1e-5, 1e-5, "bias gradient");
+    }
+}
+
+TEST_P(LayerKernels, ActivationsPropagateNaN) {
+  for (cpu::ActivationKind kind : kKinds) {
+    std::vector<float> x{1.0f, std::numeric_limits<float>::quiet_NaN(), -2.0f}, y(3);
+    cpu::activation_forward(kind, x.data(), nullptr, nullptr, y.data(), 1, 3);
+    EXPECT_TRUE(std::isnan(y[1])) << int(kind);
+    EXPECT_FALSE(std::isnan(y[0]) || std::isnan(y[2])) << int(kind);
+  }
+}
+
+TEST_P(LayerKernels, LayerNormMatchesReference) {
+  for (auto [rows, D] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {9, 33}, {70, 259}}) {
+    for (bool affine : {true, false})
+      for (bool with_residual : {false, true}) {
+        SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(D) + (affine ? " affine" : "") +
+                     (with_residual ? " residual" : ""));
+        const size_t n = size_t(rows * D);
+        std::vector<float> x = random_floats(n, 4, 2.0f), res = random_floats(n, 5), w = random_floats(size_t(D), 6),
+                           b = random_floats(size_t(D), 7), dy = random_floats(n, 8), rg = random_floats(n, 9);
+        for (size_t i = 0; i < n; i += 3) x[i] += 100.0f;  // a large mean: the variance must not cancel
+        auto forward = [&](auto run, std::vector<float>& sum, std::vector<float>& y, std::vector<float>& mean,
+                           std::vector<float>& rstd) {
+          cpu::LayerNormForward p{.x = x.data(), .residual = with_residual ? res.data() : nullptr,
+                                  .sum = with_residual ? sum.data() : nullptr, .weight = affine ? w.data() : nullptr,
+                                  .bias = affine ? b.data() : nullptr, .y = y.data(), .mean = mean.data(),
+                                  .rstd = rstd.data(), .rows = rows, .D = D, .eps = 1e-5};
+          run(p);
+        };
+        std::vector<float> sum(n), y(n), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+        std::vector<float> sum_r(n), y_r(n), mean_r(static_cast<size_t>(rows)), rstd_r(static_cast<size_t>(rows));
+        forward([](const cpu::LayerNormForward& p) { cpu::layer_norm_forward(p); }, sum, y, mean, rstd);
+        forward([](const cpu::LayerNormForward& p) { cpu::reference::layer_norm_forward(p); }, sum_r, y_r, mean_r, rstd_r);
+        if (with_residual) expect_close(sum, sum_r, 0, 0, "sum");
+        expect_close(mean, mean_r, 1e-6, 1e-6, "mean");
+        expect_close(rstd, rstd_r, 1e-6, 1e-4, "rstd");
+        expect_close(y, y_r, 1e-4, 1e-4, "forward");
+        const float* h = with_residual ? sum_r.data() : x.data();
+        std::vector<float> dx(n), dx_r(n), dw(size_t(D), 0.25f), dw_r = dw, db(size_t(D), -0.5f), db_r = db;
+        auto backward = [&](auto run, std::vector<float>& out, std::vector<float>& gw, std::vector<float>& gb) {
+          cpu::LayerNormBackward p{.h = h, .dy = dy.data(), .weight = affine ? w.data() : nullptr,
+                                   .mean = mean_r.data(), .rstd = rstd_r.data(),
+                                   .residual_grad = with_residual ? rg.data() : nullptr, .dx = out.data(),
+                                   .dweight = affine ? gw.data() : nullptr, .dbias = affine ? gb.data() : nullptr,
+                                   .rows = rows, .D = D};
+          run(p);
+        };
+        backward([](const cpu::LayerNormBackward& p) { cpu::layer_norm_backward(p); }, dx, dw, db);
+        backward([](const cpu::LayerNormBackward& p) { cpu::reference::layer_norm_backward(p); }, dx_r, dw_r, db_r);
+        expect_close(dx, dx_r, 2e-4, 2e-4, "dx");
+        expect_close(dw, dw_r, 1e-4, 1e-4, "dweight");
+        expect_close(db, db_r, 1e-4, 1e-4, "dbias");
+      }
+  }
+}
+
+TEST_P(LayerKernels, CrossEntropyMatchesReference) {
+  for (auto [rows, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 21}, {67, 130}})
+    for (double smoothing : {0.0, 0.1}) {
+      SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(C) + " smoothing " + std::to_string(smoothing));
+      const size_t n = size_t(rows * C);
+      std::vector<float> logits = random_floats(n, 10, 4.0f);
+      logits[0] = 1e4f;  // huge logits stay finite
+      std::vector<int64_t> targets(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 4 == 3 ? -100 : (r * 7) % C;
+      std::vector<float> d(n, 9.0f), d_r(n, 9.0f);
+      const cpu::CrossEntropy p{.logits = logits.data(), .targets = targets.data(), .dlogits = d.data(), .rows = rows,
+                                .C = C, .ignore_index = -100, .label_smoothing = smoothing, .grad_scale = 0.5};
+      cpu::CrossEntropy q = p;
+      q.dlogits = d_r.data();
+      int64_t count, correct, count_r, correct_r;
+      const double loss = cpu::cross_entropy_forward_backward(p, &count, &correct);
+      const double loss_r = cpu::reference::cross_entropy_forward_backward(q, &count_r, &correct_r);
+      EXPECT_NEAR(loss, loss_r, 1e-5 * std::max(1.0, std::abs(loss_r)));
+      EXPECT_EQ(count, count_r);
+      EXPECT_EQ(correct, correct_r);
+      expect_close(d, d_r, 1e-7, 1e-5, "dlogits");
+    }
+}
+
+TEST_P(LayerKernels, CrossEntropyLossIsNaNForANaNLogit) {
+  std::vector<float> logits{1, 2, std::numeric_limits<float>::quiet_NaN(), 0}, d(4);
+  const int64_t target = 0;
+  int64_t count, correct;
+  const double loss = cpu::cross_entropy_forward_backward(
+      {.logits = logits.data(), .targets = &target, .dlogits = d.data(), .rows = 1, .C = 4}, &count, &correct);
+  EXPECT_TRUE(std::isnan(loss));
+}
+
+TEST_P(LayerKernels, AdamWAndNormsMatchReference) {
+  for (int64_t n : {1, 15, 17, 100003}) {
+    std::vector<float> p = random_floats(size_t(n), 11), g = random_floats(size_t(n), 12), m = random_floats(size_t(n), 13),
+                       v = random_floats(size_t(n), 14);
+    for (float& x : v) x = x * x;
+    std::vector<float> p_r = p, m_r = m, v_r = v;
+    cpu::AdamWStep s{.param = p.data(), .exp_avg = m.data(), .exp_avg_sq = v.data(), .grad = g.data(), .n = n,
+                     .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01, .bias1 = 0.19,
+                     .bias2 = 0.002};
+    cpu::adamw_step(s);
+    s.param = p_r.data(), s.exp_avg = m_r.data(), s.exp_avg_sq = v_r.data();
+    cpu::reference::adamw_step(s);
+    expect_close(p, p_r, 1e-6, 1e-6, "param");
+    expect_close(m, m_r, 1e-7, 1e-6, "exp_avg");
+    expect_close(v, v_r, 1e-7, 1e-6, "exp_avg_sq");
+    double sq = 0;
+    for (float x : g) sq += double(x) * double(x);
+    EXPECT_NEAR(cpu::sum_of_squares(g.data(), n), sq, 1e-5 * sq);
+    std::vector<float> scaled = g;
+    cpu::scale_in_place(scaled.data(), n, 0.5f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(scaled[size_t(i)], 0.5f * g[size_t(i)]);
+    std::vector<float> sum(static_cast<size_t>(n));
+    cpu::add_arrays(p.data(), g.data(), sum.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sum[size_t(i)], p[size_t(i)] + g[size_t(i)]);
+  }
+}
+
+TEST_P(LayerKernels, ResultsDoNotDependOnThreads) {
+  const int64_t rows = 301, D = 129;
+  const size_t n = size_t(rows * D);
+  std::vector<float> x = random_floats(n, 15), dy = random_floats(n, 16), w = random_floats(size_t(D), 17);
+  std::vector<float> y(n), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  cpu::layer_norm_forward({.x = x.data(), .weight = w.data(), .bias = w.data(), .y = y.data(), .mean = mean.data(),
+                           .rstd = rstd.data(), .rows = rows, .D = D});
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<float> dx(n), dw(size_t(D), 0.0f), db(size_t(D), 0.0f), colsum(size_t(D), 0.0f), dact(n);
+    cpu::layer_norm_backward({.h = x.data(), .dy = dy.data(), .weight = w.data(), .mean = mean.data(),
+                              .rstd = rstd.data(), .dx = dx.data(), .dweight = dw.data(), .dbias = db.data(),
+                              .rows = rows, .D = D});
+    cpu::add_column_sums(dy.data(), rows, D, colsum.data());
+    cpu::activation_backward(cpu::ActivationKind::gelu, x.data(), dy.data(), dact.data(), colsum.data(), rows, D);
+    dx.insert(dx.end(), dw.begin(), dw.end());
+    dx.insert(dx.end(), db.begin(), db.end());
+    dx.insert(dx.end(), colsum.begin(), colsum.end());
+    return dx;
+  };
+  const int before = omp_get_max_threads();
+  const std::vector<float> one = run(1), two = run(2), three = run(3);
+  omp_set_num_threads(before);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one, three);
+}
+
+// mha's float32 product (cpu::gemm<float> on the scalar path) against a float64 triple loop: every transpose,
+// alpha/beta, odd sizes, K past one depth block.
+TEST_P(LayerKernels, SgemmMatchesReference) {
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 17, 3}, {33, 129, 65}, {70, 31, 777},
+                         {2, 300, 0}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+          SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
+                       (tb ? " tb" : "") + " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta));
+          const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+          std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 18), b = random_floats(size_t((tb ? n : k) * ldb), 19);
+          std::vector<float> c = random_floats(size_t(m * ldc), 20), c_ref = c;
+          if (beta == 0.0f)  // C is not read: NaN there must not come through
+            for (float& x : c) x = std::numeric_limits<float>::quiet_NaN();
+          // The scalar path has no kernel of mha's own: there, the dispatch (OpenBLAS).
+          if (GetParam() == cpu::Isa::avx512) cpu::sgemm_avx512(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          else if (GetParam() == cpu::Isa::avx2) cpu::sgemm_avx2(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          else cpu::gemm<float>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p)
+                s += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
+                     double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+              const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(c_ref[size_t(i * ldc + j)]));
+              ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
+            }
+          for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
+            for (int64_t j = n; j < ldc; ++j)
+              ASSERT_TRUE(beta == 0.0f ? std::isnan(c[size_t(i * ldc + j)]) : c[size_t(i * ldc + j)] == c_ref[size_t(i * ldc + j)]);
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, LayerKernels, ::testing::ValuesIn(cpu::supported_isas()), isa_name);
+
+}  // namespace
