@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# mha train against the same model in PyTorch (and PyTorch with mha's layers),
+# side by side: for each configuration the three runs alternate, ROUNDS times,
+# each printing one JSON line (bench/train_throughput.cpp, bench/torch_train.py).
+#   bash bench/train_pair.sh [ROUNDS] [CONFIGS...]     (after scripts/main.sh or test.sh built build/)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+rounds=${1:-1}
+shift || true
+configs=("${@:-small mid wide long}")
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+steps_of() { case $1 in small) echo 30;; mid) echo 12;; wide) echo 4;; long) echo 6;; esac; }
+for config in ${configs[@]}; do
+  steps=$(steps_of "$config")
+  for _ in $(seq "$rounds"); do
+    "$root/build/bench/train_throughput" --config "$config" --steps "$steps" --warmup 2
+    /usr/bin/python3 "$root/bench/torch_train.py" --config "$config" --steps "$steps" --warmup 2 --threads "$OMP_NUM_THREADS"
+    PYTHONPATH="$root/build/python" /usr/bin/python3 "$root/bench/torch_train.py" --config "$config" --steps "$steps" \
+      --warmup 2 --threads "$OMP_NUM_THREADS" --layers mha
+  done
+done
