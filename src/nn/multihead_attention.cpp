@@ -43,9 +43,27 @@ SeqLayout layout_of(const Shape& shape, bool batch_first) {
   return s;
 }
 
+// Whether the N·L rows of a layout are evenly spaced (batch_first or
+// unbatched, contiguous): then a product over every batch entry is one GEMM
+// of N·L rows, row stride seq_stride.
+bool rows_in_order(const SeqLayout& s) { return s.N == 1 || s.batch_stride == s.L * s.seq_stride; }
+
+// y = rows · bias-broadcast: every one of `rows` rows (stride ld) ← bias, or 0.
+template <class T>
+void fill_rows(T* y, int64_t rows, int64_t D, int64_t ld, const T* bias) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t e = 0; e < D; ++e) y[r * ld + e] = bias ? bias[e] : T(0);
+}
+
 // y_n = x_n Wᵀ + b for each batch entry n; y is (N, L, D) contiguous.
 template <class T, class A>
 void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t D, T* y) {
+  if (rows_in_order(xs)) {
+    const int64_t rows = xs.N * xs.L;
+    if (bias) fill_rows(y, rows, D, D, bias);
+    cpu::gemm(false, true, rows, D, xs.X, T(1), x, xs.seq_stride, w, xs.X, bias ? T(1) : T(0), y, D);
+    return;
+  }
   for (int64_t n = 0; n < xs.N; ++n) {
     T* yn = y + n * xs.L * D;
     if (bias) {
@@ -63,6 +81,13 @@ void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t
 template <class T, class A>
 void project_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, const A* w,
                       int64_t D, T* dw, T* dbias, T* dx) {
+  if (rows_in_order(xs) && (xs.N == 1 || Ly == xs.L)) {
+    const int64_t rows = xs.N * xs.L;
+    cpu::gemm(true, false, D, xs.X, rows, T(1), dy_op, D, x, xs.seq_stride, T(1), dw, xs.X);
+    if (dbias) add_bias_gradient(dy, rows, D, dbias);
+    cpu::gemm(false, false, rows, xs.X, D, T(1), dy_op, D, w, xs.X, T(0), dx, xs.seq_stride);
+    return;
+  }
   for (int64_t n = 0; n < xs.N; ++n) {
     const A* dyn = dy_op + n * Ly * D;
     cpu::gemm(true, false, D, xs.X, xs.L, T(1), dyn, D, x + n * xs.batch_stride, xs.seq_stride, T(1), dw, xs.X);
@@ -76,6 +101,12 @@ void project_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const
 // output = heads Woᵀ + bo, heads (N, L, D) contiguous, output rows in layout os.
 template <class T, class A>
 void project_out(const A* heads, const SeqLayout& os, const A* w, const T* bias, int64_t D, T* output) {
+  if (rows_in_order(os)) {
+    const int64_t rows = os.N * os.L;
+    fill_rows(output, rows, D, os.seq_stride, bias);
+    cpu::gemm(false, true, rows, D, D, T(1), heads, D, w, D, T(1), output, os.seq_stride);
+    return;
+  }
   for (int64_t n = 0; n < os.N; ++n) {
     T* yn = output + n * os.batch_stride;
     for (int64_t l = 0; l < os.L; ++l)
@@ -449,7 +480,11 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     project<T, A>(s.query.data<A>(), s.qs, w[0].data<A>(), b, D, q.data<T>());
     // k and v hold S_total rows per batch entry: project each entry's S rows,
     // then bias_k / bias_v, then the zero row (already zero).
-    for (int64_t n = 0; n < N; ++n) {
+    if (s.S_total == S) {
+      project<T, A>(s.key.data<A>(), s.ks, w[1].data<A>(), b ? b + D : nullptr, D, k.data<T>());
+      project<T, A>(s.value.data<A>(), s.vs, w[2].data<A>(), b ? b + 2 * D : nullptr, D, v.data<T>());
+    }
+    for (int64_t n = 0; n < N && s.S_total != S; ++n) {
       SeqLayout one = s.ks;
       one.N = 1;
       project<T, A>(s.key.data<A>() + n * s.ks.batch_stride, one, w[1].data<A>(), b ? b + D : nullptr, D,
@@ -525,7 +560,18 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
     Tensor dheads = Tensor::empty({N, L, D}, c.dtype);
     const Tensor dy_op = as_operand<A>(dy);
     T* dbo = mut_ptr_or_null<T>(out_proj_bias_grad);
-    for (int64_t n = 0; n < N; ++n) {
+    if (rows_in_order(os)) {
+      const int64_t rows = N * L;
+      cpu::gemm(false, false, rows, D, D, T(1), dy_op.data<A>(), os.seq_stride, w[3].data<A>(), D, T(0),
+                dheads.data<T>(), D);
+      cpu::gemm(true, false, D, D, rows, T(1), dy_op.data<A>(), os.seq_stride, s.heads.data<A>(), D, T(1),
+                out_proj_weight_grad.data<T>(), D);
+      if (dbo && os.seq_stride == D) add_bias_gradient(dy.data<T>(), rows, D, dbo);
+      else if (dbo)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t e = 0; e < D; ++e) dbo[e] += dy.data<T>()[r * os.seq_stride + e];
+    }
+    for (int64_t n = 0; n < N && !rows_in_order(os); ++n) {
       const A* dyn = dy_op.data<A>() + n * os.batch_stride;
       cpu::gemm(false, false, L, D, D, T(1), dyn, os.seq_stride, w[3].data<A>(), D, T(0), dheads.data<T>() + n * L * D, D);
       cpu::gemm(true, false, D, D, L, T(1), dyn, os.seq_stride, s.heads.data<A>() + n * L * D, D, T(1),
@@ -573,7 +619,15 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
     const Tensor dq_op = as_operand<A>(dq), dk_op = as_operand<A>(dk), dv_op = as_operand<A>(dv);
     project_backward<T, A>(dq.data<T>(), dq_op.data<A>(), L, s.query.data<A>(), s.qs, w[0].data<A>(), D,
                            packed_ ? dw : q_proj_weight_grad.data<T>(), db, g.dquery.data<T>());
-    for (int64_t n = 0; n < N; ++n) {
+    if (s.S_total == S) {
+      project_backward<T, A>(dk.data<T>(), dk_op.data<A>(), S, s.key.data<A>(), s.ks, w[1].data<A>(), D,
+                             packed_ ? dw + D * D : k_proj_weight_grad.data<T>(), db ? db + D : nullptr,
+                             g.dkey.data<T>());
+      project_backward<T, A>(dv.data<T>(), dv_op.data<A>(), S, s.value.data<A>(), s.vs, w[2].data<A>(), D,
+                             packed_ ? dw + 2 * D * D : v_proj_weight_grad.data<T>(), db ? db + 2 * D : nullptr,
+                             g.dvalue.data<T>());
+    }
+    for (int64_t n = 0; n < N && s.S_total != S; ++n) {
       const int64_t rows = n * s.S_total * D;
       SeqLayout one = s.ks;
       one.N = 1;

@@ -1,19 +1,20 @@
 // The float32 product of sgemm.h for one instruction set (included by
-// sgemm_avx512.cpp and sgemm_avx2.cpp after defining it):
+// sgemm_avx512.cpp and sgemm_avx2.cpp after defining it), blocked as in
+// Goto & van de Geijn (2008):
 //
+//   op(B) (k × n) packed into panels of kPanel columns (two vectors), each
+//         panel k rows of kPanel contiguous floats, zero-padded past n
 //   op(A) read in place: element (r, k) at A[r·ar + k·ak] (ar = lda, ak = 1,
 //         or transposed ar = 1, ak = lda), broadcast one scalar at a time
-//   op(B) (k × n) read in place when it is not transposed and n is a
-//         multiple of the vector width; else packed into (k, n_pad) rows,
-//         n_pad the next multiple (zero pad)
-//   C     tiles of kRows × kCols summed over K blocks of kDepth into a float
+//   C     tiles of kRows × kCols, summed over K blocks of kDepth into a float
 //         scratch of the thread, then C = alpha·tile + beta·C (C is not read
 //         when beta = 0)
 //
-// The tile is 32 rows by 128 columns: a product of a few dozen rows (one
-// batch of short sequences) still spreads over both threads, and a K block
-// of B's panel (kDepth × 128 floats, 192 KiB) stays in L2 while every row
-// of the tile passes over it.
+// For each K block and panel, the panel's kDepth × kPanel block (24 KiB with
+// AVX-512: half of L1) stays in L1 while every kGemmRows-row micro-tile of
+// the tile passes over it, its A rows coming from L2 (kRows × kDepth, 72
+// KiB). The micro-tile, 12 rows × 2 vectors with AVX-512 (24 of 32
+// registers accumulate), loads 2 vectors of B per 24 FMAs.
 #include <omp.h>
 
 #include <cstdlib>
@@ -26,7 +27,14 @@ namespace mha::cpu::MHA_ISA_NAMESPACE {
 
 namespace sgemm_detail {
 
-constexpr int64_t kRows = 32, kCols = 128, kDepth = 384;
+#if defined(MHA_SIMD_AVX512)
+constexpr int kGemmRows = 12;
+#else
+constexpr int kGemmRows = kMR;
+#endif
+constexpr int64_t kPanel = kNV * W;
+constexpr int64_t kRows = 96, kCols = 128, kDepth = 192;
+static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -56,27 +64,37 @@ inline float* scratch(int slot, int64_t floats) {
   return s.get(slot, floats);
 }
 
+
+// C (rows × kPanel, row stride ldc) (+)= A (rows × depth) · P (depth × kPanel, packed).
+template <bool ACC>
+inline void panel_product(int64_t rows, int64_t depth, const float* A, int64_t ar, int64_t ak, const float* P, float* C,
+                          int64_t ldc) {
+  int64_t r = 0;
+  for (; r + kGemmRows <= rows; r += kGemmRows)
+    micro<kGemmRows, kNV, ACC>(A + r * ar, ar, ak, P, kPanel, C + r * ldc, ldc, depth);
+  for (; r < rows; r += kMR) micro_rows<kNV, ACC>(min64(kMR, rows - r), A + r * ar, ar, ak, P, kPanel, C + r * ldc, ldc, depth);
+}
+
 }  // namespace sgemm_detail
 
 inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   using namespace sgemm_detail;
   if (m <= 0 || n <= 0) return;
-  const int64_t n_pad = round_up(n, W);
-  const float* bp = b;
-  int64_t ldbp = ldb;
-  if (tb || n != n_pad) {
-    float* packed = scratch(0, k * n_pad);
+  const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
+  // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel.
+  float* packed = scratch(0, k * n_pad);
 #pragma omp parallel for schedule(static) if (k * n_pad > (int64_t(1) << 16))
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
     for (int64_t kk = 0; kk < k; ++kk) {
-      float* row = packed + kk * n_pad;
+      float* row = packed + (p * k + kk) * kPanel;
       if (tb)
-        for (int64_t j = 0; j < n; ++j) row[j] = b[j * ldb + kk];
+        for (int64_t j = 0; j < width; ++j) row[j] = b[(j0 + j) * ldb + kk];
       else
-        for (int64_t j = 0; j < n; ++j) row[j] = b[kk * ldb + j];
-      for (int64_t j = n; j < n_pad; ++j) row[j] = 0.0f;
+        for (int64_t j = 0; j < width; ++j) row[j] = b[kk * ldb + j0 + j];
+      for (int64_t j = width; j < kPanel; ++j) row[j] = 0.0f;
     }
-    bp = packed, ldbp = n_pad;
   }
   const int64_t ar = ta ? 1 : lda, ak = ta ? lda : 1;
   const int64_t row_tiles = (m + kRows - 1) / kRows, col_tiles = (n_pad + kCols - 1) / kCols;
@@ -90,9 +108,11 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
       const float* a0 = a + r0 * ar + k0 * ak;
-      const float* b0 = bp + k0 * ldbp + c0;
-      if (k0 == 0) gemm<false>(rows, cols, depth, a0, ar, ak, b0, ldbp, tile, kCols);
-      else gemm<true>(rows, cols, depth, a0, ar, ak, b0, ldbp, tile, kCols);
+      for (int64_t j = 0; j < cols; j += kPanel) {
+        const float* panel = packed + ((c0 + j) / kPanel * k + k0) * kPanel;
+        if (k0 == 0) panel_product<false>(rows, depth, a0, ar, ak, panel, tile + j, kCols);
+        else panel_product<true>(rows, depth, a0, ar, ak, panel, tile + j, kCols);
+      }
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* out = c + (r0 + r) * ldc + c0;

@@ -1,0 +1,72 @@
+// float32 products at the training step's shapes, mha's own kernel
+// (cpu/sgemm) against OpenBLAS (cblas_sgemm; its kernel set is whatever it
+// detected, see openblas_get_corename, or OPENBLAS_CORETYPE): median GFLOP/s.
+// Shapes per configuration: the forward x·Wᵀ (M = B·T rows, N = out, K = in),
+// the input gradient dy·W (M rows, N = in, K = out) and the weight gradient
+// dyᵀ·x (M = out, N = in, K = rows), for the attention projections and both
+// feed-forward layers.
+//   build/bench/bench_gemm [--reps 7]
+#include <cblas.h>
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <vector>
+
+#include "cpu/flash/dispatch.h"
+#include "cpu/sgemm/sgemm.h"
+#include "measure.h"
+
+int main(int argc, char** argv) {
+  using namespace mha;
+  CLI::App app{"float32 GEMM at a training step's shapes: mha's kernel against OpenBLAS"};
+  int reps = 7;
+  app.add_option("--reps", reps, "Timed repetitions (median)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  struct Config {
+    const char* name;
+    int64_t rows, d, ff;
+  };
+  const Config configs[] = {{"small", 32 * 43, 64, 256}, {"mid", 16 * 131, 256, 1024}, {"wide", 8 * 509, 512, 2048}};
+  const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
+  std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s\n", bench::cpu_name().c_str(), omp_get_max_threads(),
+              openblas_get_corename(), avx512 ? "avx512" : "avx2");
+  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB", "mha GF/s",
+              "BLAS GF/s");
+  for (const Config& c : configs) {
+    struct Product {
+      const char* name;
+      int64_t m, n, k;
+      bool ta, tb;
+    };
+    const Product products[] = {
+        {"qkv fwd", c.rows, 3 * c.d, c.d, false, true},   {"ff1 fwd", c.rows, c.ff, c.d, false, true},
+        {"ff2 fwd", c.rows, c.d, c.ff, false, true},      {"ff1 dx", c.rows, c.d, c.ff, false, false},
+        {"ff2 dx", c.rows, c.ff, c.d, false, false},      {"ff1 dW", c.ff, c.d, c.rows, true, false},
+        {"ff2 dW", c.d, c.ff, c.rows, true, false},       {"out dW", c.d, c.d, c.rows, true, false},
+    };
+    for (const Product& p : products) {
+      std::vector<float> a(size_t(p.m * p.k), 0.01f), b(size_t(p.k * p.n), 0.02f), out(size_t(p.m * p.n), 0.0f);
+      const int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
+      auto ours = [&] {
+        if (avx512) cpu::sgemm_avx512(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
+        else cpu::sgemm_avx2(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
+      };
+      auto blas = [&] {
+        cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans, blasint(p.m),
+                    blasint(p.n), blasint(p.k), 1.0f, a.data(), blasint(lda), b.data(), blasint(ldb), 1.0f, out.data(),
+                    blasint(p.n));
+      };
+      ours(), blas();
+      std::vector<double> t_ours, t_blas;
+      for (int r = 0; r < reps; ++r) t_ours.push_back(bench::seconds_of(ours)), t_blas.push_back(bench::seconds_of(blas));
+      std::sort(t_ours.begin(), t_ours.end());
+      std::sort(t_blas.begin(), t_blas.end());
+      const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
+      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f\n", c.name, p.name, (long long)p.m, (long long)p.n,
+                  (long long)p.k, p.ta, p.tb, flops / t_ours[t_ours.size() / 2] / 1e9,
+                  flops / t_blas[t_blas.size() / 2] / 1e9);
+    }
+  }
+  return 0;
+}
