@@ -4,9 +4,12 @@
 //
 //   op(B) (k × n) packed into panels of kPanel columns (two vectors), each
 //         panel k rows of kPanel contiguous floats, zero-padded past n
-//   op(A) read in place: element (r, k) at A[r·ar + k·ak] (ar = lda, ak = 1,
-//         or transposed ar = 1, ak = lda), broadcast one scalar at a time
-//   C     tiles of kRows × kCols, summed over K blocks of kDepth into a float
+//   op(A) element (r, k) at A[r·ar + k·ak] (ar = lda, ak = 1, or transposed
+//         ar = 1, ak = lda); each tile's kRows × kDepth block packed (rows
+//         copied, or k-major panels of kGemmRows rows for a transposed A),
+//         broadcast one element at a time
+//   C     tiles of up to kRows × kCols (smaller when a product has too few
+//         for two per thread), summed over K blocks of kDepth into a float
 //         scratch of the thread, then C = alpha·tile + beta·C (C is not read
 //         when beta = 0)
 //
@@ -33,7 +36,7 @@ constexpr int kGemmRows = 12;
 constexpr int kGemmRows = kMR;
 #endif
 constexpr int64_t kPanel = kNV * W;
-constexpr int64_t kRows = 96, kCols = 128, kDepth = 192;
+constexpr int64_t kRows = 96, kCols = 512, kDepth = 192;
 static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -42,11 +45,10 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // containers here: their inline code built for this instruction set must not
 // be what the linker keeps for the rest of the library.)
 struct Scratch {
-  float* data[2] = {nullptr, nullptr};
-  int64_t floats[2] = {0, 0};
+  float* data[3] = {nullptr, nullptr, nullptr};
+  int64_t floats[3] = {0, 0, 0};
   ~Scratch() {
-    std::free(data[0]);
-    std::free(data[1]);
+    for (float* d : data) std::free(d);
   }
   float* get(int slot, int64_t n) {
     if (floats[slot] < n) {
@@ -65,14 +67,66 @@ inline float* scratch(int slot, int64_t floats) {
 }
 
 
-// C (rows × kPanel, row stride ldc) (+)= A (rows × depth) · P (depth × kPanel, packed).
+// Rows [0, rows) × K range [0, depth) of op(A) (element (r, k) at A[r·ar +
+// k·ak]) packed for the micro-tiles, each copy in its source's direction:
+//   rows along k (ak = 1): row-major, out[r·kDepth + k] — a copy of each row
+//   otherwise (op(A) = Aᵀ): panels of kGemmRows rows, k-major,
+//                           out[(g·depth + k)·kGemmRows + i], row r = g·kGemmRows + i
+// Rows past `rows` up to the next multiple of kGemmRows are 0.
+inline void pack_rows(const float* A, int64_t ar, int64_t ak, int64_t rows, int64_t depth, float* out) {
+  const int64_t padded = round_up(rows, kGemmRows);
+  if (ak == 1) {
+    for (int64_t r = 0; r < padded; ++r) {
+      float* dst = out + r * kDepth;
+      if (r < rows)
+        for (int64_t k = 0; k < depth; ++k) dst[k] = A[r * ar + k];
+      else
+        for (int64_t k = 0; k < depth; ++k) dst[k] = 0.0f;
+    }
+    return;
+  }
+  for (int64_t g = 0; g * kGemmRows < padded; ++g) {
+    float* panel = out + g * depth * kGemmRows;
+    const int64_t here = min64(kGemmRows, rows - g * kGemmRows);
+    for (int64_t k = 0; k < depth; ++k) {
+      const float* src = A + g * kGemmRows * ar + k * ak;
+      for (int64_t i = 0; i < here; ++i) panel[k * kGemmRows + i] = src[i * ar];
+      for (int64_t i = here; i < kGemmRows; ++i) panel[k * kGemmRows + i] = 0.0f;
+    }
+  }
+}
+
+// C (kGemmRows × kPanel, row stride ldc) (+)= A · P over `depth`: A
+// kGemmRows packed rows (pack_rows: row stride kDepth, or one k-major panel
+// with kRowMajor false), P a packed panel of B. Both are read at fixed
+// offsets from one pointer each, so the loop holds no per-row addresses
+// (twelve of them did not fit beside the counters in 16 general registers).
+template <bool ACC, bool kRowMajor>
+inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, int64_t depth) {
+  Vec acc[kGemmRows][kNV];
+  for (int r = 0; r < kGemmRows; ++r)
+    for (int v = 0; v < kNV; ++v) acc[r][v] = ACC ? Vec::load(C + r * ldc + v * W) : Vec::zero();
+  for (int64_t k = 0; k < depth; ++k, P += kPanel) {
+    Vec b[kNV];
+    for (int v = 0; v < kNV; ++v) b[v] = Vec::load(P + v * W);
+    for (int r = 0; r < kGemmRows; ++r) {
+      const Vec a = Vec::set1(kRowMajor ? A[r * kDepth + k] : A[k * kGemmRows + r]);
+      for (int v = 0; v < kNV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < kGemmRows; ++r)
+    for (int v = 0; v < kNV; ++v) acc[r][v].store(C + r * ldc + v * W);
+}
+
+// C (rows rounded up to kGemmRows × kPanel, row stride ldc) (+)= the packed
+// rows (pack_rows) · P (depth × kPanel, packed).
 template <bool ACC>
-inline void panel_product(int64_t rows, int64_t depth, const float* A, int64_t ar, int64_t ak, const float* P, float* C,
-                          int64_t ldc) {
-  int64_t r = 0;
-  for (; r + kGemmRows <= rows; r += kGemmRows)
-    micro<kGemmRows, kNV, ACC>(A + r * ar, ar, ak, P, kPanel, C + r * ldc, ldc, depth);
-  for (; r < rows; r += kMR) micro_rows<kNV, ACC>(min64(kMR, rows - r), A + r * ar, ar, ak, P, kPanel, C + r * ldc, ldc, depth);
+inline void panel_product(bool row_major, int64_t rows, int64_t depth, const float* packed_rows, const float* P,
+                          float* C, int64_t ldc) {
+  for (int64_t r = 0; r < rows; r += kGemmRows) {
+    if (row_major) micro_packed<ACC, true>(packed_rows + r * kDepth, P, C + r * ldc, ldc, depth);
+    else micro_packed<ACC, false>(packed_rows + r * depth, P, C + r * ldc, ldc, depth);
+  }
 }
 
 }  // namespace sgemm_detail
@@ -89,34 +143,44 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
     for (int64_t kk = 0; kk < k; ++kk) {
       float* row = packed + (p * k + kk) * kPanel;
-      if (tb)
-        for (int64_t j = 0; j < width; ++j) row[j] = b[(j0 + j) * ldb + kk];
-      else
+      if (!tb)
         for (int64_t j = 0; j < width; ++j) row[j] = b[kk * ldb + j0 + j];
-      for (int64_t j = width; j < kPanel; ++j) row[j] = 0.0f;
+      for (int64_t j = tb ? 0 : width; j < kPanel; ++j) row[j] = 0.0f;
     }
+    if (tb)  // B is n × k: read its rows along k
+      for (int64_t j = 0; j < width; ++j)
+        for (int64_t kk = 0; kk < k; ++kk) packed[(p * k + kk) * kPanel + j] = b[(j0 + j) * ldb + kk];
   }
   const int64_t ar = ta ? 1 : lda, ak = ta ? lda : 1;
-  const int64_t row_tiles = (m + kRows - 1) / kRows, col_tiles = (n_pad + kCols - 1) / kCols;
-#pragma omp parallel for schedule(dynamic, 1) if (m * n * k > (int64_t(1) << 17) && row_tiles * col_tiles > 1)
+  // Smaller tiles where the product has too few for two per thread (a
+  // weight gradient of 64 × 256, say): columns first, then rows.
+  const bool threaded = m * n * k > (int64_t(1) << 17);
+  const int64_t want = threaded ? 2 * int64_t(omp_get_max_threads()) : 1;
+  int64_t tile_rows = kRows, tile_cols = kCols;
+  auto items = [&] { return ((m + tile_rows - 1) / tile_rows) * ((n_pad + tile_cols - 1) / tile_cols); };
+  while (items() < want && tile_cols > kPanel) tile_cols /= 2;
+  while (items() < want && tile_rows > kGemmRows) tile_rows = round_up(tile_rows / 2, kGemmRows);
+  const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
+#pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
-    const int64_t r0 = item / col_tiles * kRows, c0 = item % col_tiles * kCols;
-    const int64_t rows = min64(kRows, m - r0), cols = min64(kCols, n_pad - c0), width = min64(cols, n - c0);
+    const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
+    const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0), width = min64(cols, n - c0);
     float* tile = scratch(1, kRows * kCols);
+    float* rows_packed = scratch(2, kRows * kDepth);
     if (k == 0)
-      for (int64_t x = 0; x < kRows * kCols; ++x) tile[x] = 0.0f;
+      for (int64_t x = 0; x < tile_rows * tile_cols; ++x) tile[x] = 0.0f;
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
-      const float* a0 = a + r0 * ar + k0 * ak;
+      pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
       for (int64_t j = 0; j < cols; j += kPanel) {
         const float* panel = packed + ((c0 + j) / kPanel * k + k0) * kPanel;
-        if (k0 == 0) panel_product<false>(rows, depth, a0, ar, ak, panel, tile + j, kCols);
-        else panel_product<true>(rows, depth, a0, ar, ak, panel, tile + j, kCols);
+        if (k0 == 0) panel_product<false>(ak == 1, rows, depth, rows_packed, panel, tile + j, tile_cols);
+        else panel_product<true>(ak == 1, rows, depth, rows_packed, panel, tile + j, tile_cols);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* out = c + (r0 + r) * ldc + c0;
-      const float* t = tile + r * kCols;
+      const float* t = tile + r * tile_cols;
       if (beta == 0.0f)
         for (int64_t j = 0; j < width; ++j) out[j] = alpha * t[j];
       else if (alpha == 1.0f && beta == 1.0f)
