@@ -16,7 +16,7 @@ the steps add.
 """
 import argparse
 import json
-import math
+import os
 import statistics
 import time
 
@@ -127,6 +127,7 @@ def main():
     extra_mib = (status_kib("VmHWM:") - before) / 1024.0
     print(json.dumps({"system": "torch" if a.layers == "torch" else "torch+mha-layers", "config": a.config,
                       "threads": a.threads, "torch": torch.__version__,
+                      "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "detected"),
                       "tokens_per_second": round(statistics.median(rates), 1),
                       "gflops": round(statistics.median(flops) / 1e9, 2), "peak_extra_mib": round(extra_mib, 1),
                       "dense_parameters": dense}))

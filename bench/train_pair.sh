@@ -2,6 +2,8 @@
 # mha train against the same model in PyTorch (and PyTorch with mha's layers),
 # side by side: for each configuration the three runs alternate, ROUNDS times,
 # each printing one JSON line (bench/train_throughput.cpp, bench/torch_train.py).
+# With TORCH_CORETYPE=NAME set, PyTorch also runs a fourth time with
+# OPENBLAS_CORETYPE=NAME (for a CPU that Debian's OpenBLAS does not detect).
 #   bash bench/train_pair.sh [ROUNDS] [CONFIGS...]     (after scripts/main.sh or test.sh built build/)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,5 +19,9 @@ for config in ${configs[@]}; do
     /usr/bin/python3 "$root/bench/torch_train.py" --config "$config" --steps "$steps" --warmup 2 --threads "$OMP_NUM_THREADS"
     PYTHONPATH="$root/build/python" /usr/bin/python3 "$root/bench/torch_train.py" --config "$config" --steps "$steps" \
       --warmup 2 --threads "$OMP_NUM_THREADS" --layers mha
+    if [ -n "${TORCH_CORETYPE:-}" ]; then
+      OPENBLAS_CORETYPE=$TORCH_CORETYPE /usr/bin/python3 "$root/bench/torch_train.py" --config "$config" \
+        --steps "$steps" --warmup 2 --threads "$OMP_NUM_THREADS"
+    fi
   done
 done
