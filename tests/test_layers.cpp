@@ -82,6 +82,40 @@ TEST(LayerNorm, Gradients) {
   check_layer_gradients(plain, random_tensor({4, 5}, 3), "LayerNorm without affine");
 }
 
+// forward_sum / backward_add (the residual add fused into the norm) against
+// the add and the norm done apart, in both dtypes; their errors.
+TEST(LayerNorm, FusedResidualAddMatchesSeparate) {
+  for (DType dtype : {DType::float64, DType::float32}) {
+    LayerNorm fused({.normalized_shape = 9, .dtype = dtype}), apart({.normalized_shape = 9, .dtype = dtype});
+    for (LayerNorm* ln : {&fused, &apart}) {
+      ln->weight.copy_(random_tensor({9}, 5));
+      ln->bias.copy_(random_tensor({9}, 6));
+    }
+    const Tensor x = random_tensor({2, 3, 9}, 1, dtype), r = random_tensor({2, 3, 9}, 2, dtype);
+    const Tensor dy = random_tensor({2, 3, 9}, 3, dtype), g = random_tensor({2, 3, 9}, 4, dtype);
+    Tensor sum;
+    const Tensor y = fused.forward_sum(x, r, &sum);
+    const Tensor h = add(x, r);
+    const double tol = dtype == DType::float64 ? 1e-12 : 1e-5;
+    EXPECT_EQ(max_abs_diff(sum, h), 0.0);
+    EXPECT_LE(max_abs_diff(y, apart.forward(h)), tol);
+    EXPECT_LE(max_abs_diff(fused.backward_add(dy, g), add(apart.backward(dy), g)), tol);
+    EXPECT_LE(max_abs_diff(fused.weight_grad, apart.weight_grad), tol);
+    EXPECT_LE(max_abs_diff(fused.bias_grad, apart.bias_grad), tol);
+  }
+  LayerNorm ln({.normalized_shape = 4});
+  Tensor sum;
+  expect_error<StateError>([&] { ln.backward_add(Tensor::zeros({2, 4}), Tensor::zeros({2, 4})); },
+                           "[mha::nn::LayerNorm::backward_add] state: expected a forward call first; got none");
+  expect_error<ShapeError>([&] { ln.forward_sum(Tensor::zeros({2, 4}), Tensor::zeros({2, 3}), &sum); },
+                           "[mha::nn::LayerNorm::forward_sum] residual: expected shape (2, 4); got (2, 3)");
+  expect_error<DtypeError>([&] { ln.forward_sum(Tensor::zeros({2, 4}), Tensor::zeros({2, 4}, DType::float64), &sum); },
+                           "[mha::nn::LayerNorm::forward_sum] residual: expected float32; got float64");
+  ln.forward_sum(Tensor::zeros({2, 4}), Tensor::zeros({2, 4}), &sum);
+  expect_error<ShapeError>([&] { ln.backward_add(Tensor::zeros({2, 4}), Tensor::zeros({4, 2})); },
+                           "[mha::nn::LayerNorm::backward_add] residual_grad: expected shape (2, 4); got (4, 2)");
+}
+
 TEST(Activations, ValuesAndGradients) {
   ReLU relu;
   GELU gelu, gelu_tanh(GELU::Approximate::tanh);
