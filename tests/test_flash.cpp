@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "cpu/flash/dispatch.h"
+#include "cpu/gemm.h"
 #include "testing.h"
 
 using namespace mha;
@@ -125,9 +126,24 @@ TEST_P(EachIsa, FeaturesForwardAndBackward) {
   }
 }
 
+// Each bfloat16 case on both kernels the CPU has: vdpbf16ps products (where
+// it has AVX512-BF16 and runs avx512) and float32 products of the widened values.
+template <class F>
+void on_each_bf16_kernel(F&& f) {
+  for (bool dot : {false, true}) {
+    if (dot && !__builtin_cpu_supports("avx512bf16")) continue;
+    cpu::force_bf16_dot_products(dot);
+    SCOPED_TRACE(dot ? "vdpbf16ps products" : "widened products");
+    f();
+  }
+  cpu::force_bf16_dot_products(std::nullopt);
+}
+
 TEST_P(EachIsa, Bfloat16) {
-  for (const FlashCase& c : feature_cases()) compare(c, DType::bfloat16, true);
-  compare({"E=64 L=S=130", {2, 130, 64}, {2, 130, 64}, {2, 130, 64}, {}}, DType::bfloat16, false);
+  on_each_bf16_kernel([] {
+    for (const FlashCase& c : feature_cases()) compare(c, DType::bfloat16, true);
+    compare({"E=64 L=S=130", {2, 130, 64}, {2, 130, 64}, {2, 130, 64}, {}}, DType::bfloat16, false);
+  });
 }
 
 TEST_P(EachIsa, NonContiguousInputs) {
@@ -178,7 +194,7 @@ TEST_P(EachIsa, ErrorWithinTwiceTheReferenceError) {
 
 TEST_P(EachIsa, Bfloat16ErrorWithinTwiceTheReferenceError) {
   // Both bf16 paths round their outputs to bf16; the AVX512-BF16 kernel also rounds P.
-  expect_error_within_twice_reference(DType::bfloat16, Causal::top_left, GetParam());
+  on_each_bf16_kernel([&] { expect_error_within_twice_reference(DType::bfloat16, Causal::top_left, GetParam()); });
 }
 
 TEST_P(EachIsa, DeterministicAcrossThreadCounts) {

@@ -89,43 +89,62 @@ TEST(Bf16Gemm, RoundsToNearestEvenOnEveryIsa) {
   cpu::force_isa(std::nullopt);
 }
 
-TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
-  // C = alpha op(A) op(B) + beta C with padded leading dimensions (odd and
-  // even: A is read in place or packed), on the AVX512-BF16 kernel (avx512)
-  // and the widening path (the other instruction sets).
-  for (cpu::Isa isa : cpu::supported_isas()) {
-    cpu::force_isa(isa);
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (auto [m, n, k] : {std::tuple{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {70, 150, 34}, {4, 3, 0}})
-          for (int64_t pad : {2, 3}) {
-            SCOPED_TRACE(cpu::to_string(isa) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " " +
-                         std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " pad " +
-                         std::to_string(pad));
+namespace {
+
+// C = alpha op(A) op(B) + beta C by `product` against float64 sums of the
+// bfloat16 operands, with padded leading dimensions (odd and even).
+template <class Product>
+void check_bf16_products(const std::string& path, const Product& product,
+                         std::initializer_list<std::tuple<int64_t, int64_t, int64_t>> sizes) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [m, n, k] : sizes)
+        for (int64_t pad : {2, 3})
+          for (auto [alpha, beta] : {std::pair{0.5f, 0.75f}, {1.0f, 0.0f}, {1.0f, 1.0f}}) {
+            SCOPED_TRACE(path + " ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " " + std::to_string(m) +
+                         "x" + std::to_string(n) + "x" + std::to_string(k) + " pad " + std::to_string(pad) +
+                         " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta));
             const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
             const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + 1;
             const Tensor a = random_tensor({std::max<int64_t>(a_rows, 1), lda}, 1, DType::bfloat16);
             const Tensor b = random_tensor({std::max<int64_t>(b_rows, 1), ldb}, 2, DType::bfloat16);
             Tensor c = random_tensor({m, ldc}, 3, DType::float32);
             const std::vector<double> av = a.to_vector(), bv = b.to_vector(), c0 = c.to_vector();
-            cpu::gemm(ta, tb, m, n, k, 0.5f, a.data<bfloat16>(), lda, b.data<bfloat16>(), ldb, 0.75f, c.data<float>(), ldc);
+            product(ta, tb, m, n, k, alpha, a.data<bfloat16>(), lda, b.data<bfloat16>(), ldb, beta, c.data<float>(), ldc);
             const std::vector<double> cv = c.to_vector();
             double worst = 0;
             for (int64_t i = 0; i < m; ++i) {
               for (int64_t j = 0; j < n; ++j) {
-                double want = 0.75 * c0[size_t(i * ldc + j)], size = std::abs(want);
+                double want = double(beta) * c0[size_t(i * ldc + j)], size = std::abs(want);
                 for (int64_t p = 0; p < k; ++p) {
-                  const double term = 0.5 * av[size_t(ta ? p * lda + i : i * lda + p)] * bv[size_t(tb ? j * ldb + p : p * ldb + j)];
+                  const double term = double(alpha) * av[size_t(ta ? p * lda + i : i * lda + p)] *
+                                      bv[size_t(tb ? j * ldb + p : p * ldb + j)];
                   want += term, size += std::abs(term);
                 }
                 worst = std::max(worst, std::abs(cv[size_t(i * ldc + j)] - want) / std::max(size, 1e-30));
               }
-              EXPECT_EQ(cv[size_t(i * ldc + n)], c0[size_t(i * ldc + n)]);  // past n: untouched
+              ASSERT_EQ(cv[size_t(i * ldc + n)], c0[size_t(i * ldc + n)]);  // past n: untouched
             }
             EXPECT_LE(worst, 1e-6);
           }
+}
+
+}  // namespace
+
+TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
+  // cpu::gemm's choice on each instruction set (the AVX512-BF16 kernel or
+  // the widening path), then the AVX512-BF16 kernel itself where the CPU has
+  // it, also past one tile (96 × 512) and one block of pairs (192).
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    cpu::force_isa(isa);
+    check_bf16_products("gemm on " + cpu::to_string(isa),
+                        [](auto... args) { cpu::gemm(args...); },
+                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {70, 150, 34}, {4, 3, 0}});
   }
   cpu::force_isa(std::nullopt);
+  if (__builtin_cpu_supports("avx512bf16"))
+    check_bf16_products("gemm_bf16_avx512", [](auto... args) { cpu::gemm_bf16_avx512(args...); },
+                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}});
 }
 
 TEST(Bf16Gemm, BetaZeroIgnoresWhatCHeld) {

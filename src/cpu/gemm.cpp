@@ -7,11 +7,13 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/sgemm/sgemm.h"
+#include "mha/errors.h"
 
 namespace mha::cpu {
 
@@ -54,6 +56,32 @@ bool openblas_matches_cpu() {
 
 }  // namespace
 
+namespace {
+std::optional<bool>& forced_bf16_dot_products() {
+  static std::optional<bool> forced;
+  return forced;
+}
+}  // namespace
+
+bool bf16_dot_products_pay() {
+  static const bool by_cpu = [] {
+    if (!__builtin_cpu_supports("avx512bf16")) return false;
+    if (const char* env = std::getenv("MHA_BF16_GEMM")) {
+      if (std::string(env) == "dot") return true;
+      if (std::string(env) == "widen") return false;
+    }
+    return bool(__builtin_cpu_is("amd"));
+  }();
+  const std::optional<bool>& forced = forced_bf16_dot_products();
+  return forced ? *forced : by_cpu;
+}
+
+void force_bf16_dot_products(std::optional<bool> on) {
+  if (on && *on && !__builtin_cpu_supports("avx512bf16"))
+    throw DeviceError("[mha::cpu::force_bf16_dot_products] on: expected a CPU with AVX512-BF16; this one has none");
+  forced_bf16_dot_products() = on;
+}
+
 GemmBackend sgemm_backend() {
   static const GemmBackend chosen = [] {
     if (const char* env = std::getenv("MHA_GEMM")) {
@@ -89,8 +117,8 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a, int64_t lda,
           const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  static const bool has_bf16 = __builtin_cpu_supports("avx512bf16");
-  if (has_bf16 && active_isa() == Isa::avx512) return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (bf16_dot_products_pay() && active_isa() == Isa::avx512)
+    return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // op(A) is m×k: stored as m rows of k, or (transposed) k rows of m; B likewise.
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
   const float* fa = widen(a, a_rows, a_cols, lda, 0);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "mha/dtype.h"
 
@@ -23,12 +24,25 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T
 // The same with bfloat16 A and B and float32 C (cblas_sbgemm's contract): a
 // product of two bfloat16 numbers is exact in float32, and the sums are
 // float32. Debian's OpenBLAS 0.3.21 declares cblas_sbgemm but is built
-// without it, so: with AVX512-BF16 (and the avx512 kernels active, see
-// cpu/flash/dispatch.h) gemm_bf16_avx512; elsewhere the operands are widened
-// to float32 (exactly) and go through sgemm. Both give the same numbers up to
-// the order of the float32 sums.
+// without it, so: gemm_bf16_avx512 where bf16_dot_products_pay() (and the
+// avx512 kernels are active, see cpu/flash/dispatch.h); elsewhere the
+// operands are widened to float32 (exactly) and go through the float32
+// product. Both give the same numbers up to the order of the float32 sums.
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
           int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Whether vdpbf16ps outruns float32 FMAs here, so that bfloat16 products pay:
+// on AMD's Zen 4 and later (two products per lane per instruction on the same
+// pipes: twice the FP32 rate); not on Intel's Xeons up to the 5th generation,
+// where it runs at half the AVX-512 FMA rate (measured on family 6 model 207:
+// 170 vs 345 GFLOP/s on 2 cores; their fast bfloat16 unit is AMX). CPUs with
+// AVX512-BF16, by vendor; MHA_BF16_GEMM=dot or MHA_BF16_GEMM=widen in the
+// environment decides instead. Chosen once per process; the bfloat16
+// attention kernels (cpu/flash) follow it too.
+bool bf16_dot_products_pay();
+// Tests: decide it for later calls (nullopt: back to the CPU's answer).
+// Throws DeviceError to turn it on without AVX512-BF16.
+void force_bf16_dot_products(std::optional<bool> on);
 
 // The AVX512-BF16 kernel of the above (gemm_bf16_avx512.cpp). Needs
 // AVX512-BF16; treats bfloat16 denormals as zero.

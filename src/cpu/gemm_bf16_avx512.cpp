@@ -1,118 +1,173 @@
-// The bfloat16 matrix product on AVX512-BF16 (vdpbf16ps), with the fused
-// attention kernels' bfloat16 micro-tiles (cpu/flash/kernel.h, gemm_bf16):
+// The bfloat16 matrix product on AVX512-BF16 (vdpbf16ps), blocked as
+// mha's float32 product (cpu/sgemm/sgemm_kernel.h) with pairs along k:
 //
-//   op(A) as pairs along k, one 32-bit word per pair, (m, ceil(k/2)) words:
-//         read in place when A is not transposed, k is even and its rows
-//         are word-aligned; else packed, (ceil(k/2), m) for a transposed A
-//         (a contiguous copy), with a zero pad for an odd k
-//   op(B) as pairs along k for each column, (ceil(k/2), n_pad) words, n_pad
-//         a multiple of 16 (zero pad): always packed
-//   C     tiles of (kRows × kCols) computed into a float scratch of the
-//         thread, then C = alpha·tile + beta·C (C is not read when beta = 0)
+//   op(B) (k × n) packed into panels of 32 columns, each ceil(k/2) rows of
+//         32 words, word (q, j) = the pair (B[2q][j], B[2q+1][j]) (zero pad
+//         for an odd k and past n)
+//   op(A) each tile's rows × kDepth2 pairs packed k-major, kRowsMicro words
+//         per pair index: word (q, i) = (A[i][2q], A[i][2q+1])
+//   C     tiles of up to 96 × 512 summed over blocks of kDepth2 pairs, straight
+//         into C for alpha = 1 and beta 0 or 1 (the layers' products), else
+//         into a float32 product that is then scaled into C
 //
-// vdpbf16ps adds both products of a pair into a float32 lane; it treats
-// bfloat16 denormals (|x| < 1.2e-38) as zero and flushes denormal results.
-#define MHA_SIMD_AVX512 1
-#define MHA_ISA_NAMESPACE avx512
+// A panel's kDepth2 × 32 words (24 KiB) stay in L1 while the tile's 12-row
+// micro-tiles pass over them: 24 accumulators, 2 loads of B per 24 vdpbf16ps
+// (each 32 products). vdpbf16ps adds both products of a pair into a float32
+// lane; it treats bfloat16 denormals (|x| < 1.2e-38) as zero and flushes
+// denormal results.
+#include <immintrin.h>
 #include <omp.h>
 
-#include <algorithm>
-#include <vector>
+#include <cstdlib>
+#include <new>
 
-#include "cpu/flash/kernel.h"
 #include "cpu/gemm.h"
 
 namespace mha::cpu {
 
 namespace {
 
-// Tile of C per work item: 32 rows (4 micro-tiles) by 128 columns (4 panels
-// of 32), so that a product of a few dozen rows still spreads over threads
-// and a B panel of 32 columns is reused by every row of the tile.
-constexpr int64_t kRows = 32, kCols = 128;
+constexpr int kRowsMicro = 12, kVectors = 2, kLanes = 16;
+constexpr int64_t kPanel = kVectors * kLanes;  // columns of a B panel
+constexpr int64_t kRows = 96, kCols = 512, kDepth2 = 192;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // (lo | hi << 16): the pair (lo, hi) as one 32-bit word, lo first in memory.
-inline uint32_t pair(const bfloat16& lo, const bfloat16& hi) { return uint32_t(lo.bits) | uint32_t(hi.bits) << 16; }
+inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-std::vector<uint32_t>& scratch_words(int slot, int64_t size) {
-  thread_local std::vector<uint32_t> words[2];
-  if (words[slot].size() < size_t(size)) words[slot].resize(size_t(size));
-  return words[slot];
+// Grow-only word scratch of the calling thread, freed when it exits.
+struct Scratch {
+  uint32_t* data[2] = {nullptr, nullptr};
+  int64_t words[2] = {0, 0};
+  ~Scratch() {
+    for (uint32_t* d : data) std::free(d);
+  }
+  uint32_t* get(int slot, int64_t n) {
+    if (words[slot] < n) {
+      std::free(data[slot]);
+      data[slot] = static_cast<uint32_t*>(std::aligned_alloc(64, size_t(round_up(n, 16)) * sizeof(uint32_t)));
+      if (!data[slot]) throw std::bad_alloc();
+      words[slot] = n;
+    }
+    return data[slot];
+  }
+};
+
+uint32_t* scratch(int slot, int64_t n) {
+  thread_local Scratch s;
+  return s.get(slot, n);
 }
 
-// The pairs of the k rows (x_row(0), …, x_row(k-1)) of `count` elements each
-// (rows `ld` apart): out[p·ldo + i] = (row 2p, row 2p+1) at element i, a zero
-// second half for an odd k; elements count … pad−1 are 0.
-void pack_row_pairs(const bfloat16* x, int64_t ld, int64_t k, int64_t count, int64_t pad, uint32_t* out,
-                    int64_t ldo) {
-  const bfloat16 zero;
-#pragma omp parallel for schedule(static) if ((k / 2) * count > (int64_t(1) << 16))
-  for (int64_t p = 0; p < (k + 1) / 2; ++p) {
-    const bfloat16* lo = x + 2 * p * ld;
-    const bfloat16* hi = 2 * p + 1 < k ? lo + ld : nullptr;
-    uint32_t* o = out + p * ldo;
-    for (int64_t i = 0; i < count; ++i) o[i] = pair(lo[i], hi ? hi[i] : zero);
-    for (int64_t i = count; i < pad; ++i) o[i] = 0;
+// C (kRowsMicro × kPanel, row stride ldc) (+)= A · P over `depth` pairs.
+template <bool ACC>
+void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t depth) {
+  __m512 acc[kRowsMicro][kVectors];
+  for (int r = 0; r < kRowsMicro; ++r)
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = ACC ? _mm512_loadu_ps(C + r * ldc + v * kLanes) : _mm512_setzero_ps();
+  for (int64_t q = 0; q < depth; ++q, A += kRowsMicro, P += kPanel) {
+    __m512bh b[kVectors];
+    for (int v = 0; v < kVectors; ++v) b[v] = (__m512bh)_mm512_loadu_si512(P + v * kLanes);
+    for (int r = 0; r < kRowsMicro; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int(A[r]));
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < kRowsMicro; ++r)
+    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(C + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// C rows [0, rows) × columns [0, width) (+)= packed A rows · panel P; full
+// micro-tiles straight into C, the edges through a tile on the stack.
+void panel_into(bool accumulate, int64_t rows, int64_t width, int64_t depth, const uint32_t* packed_rows,
+                const uint32_t* P, float* C, int64_t ldc) {
+  for (int64_t r = 0; r < rows; r += kRowsMicro) {
+    const uint32_t* a = packed_rows + r * depth;
+    const int64_t here = min64(kRowsMicro, rows - r);
+    float* out = C + r * ldc;
+    if (here == kRowsMicro && width == kPanel) {
+      accumulate ? micro<true>(a, P, out, ldc, depth) : micro<false>(a, P, out, ldc, depth);
+      continue;
+    }
+    alignas(64) float edge[kRowsMicro * kPanel];
+    if (accumulate)
+      for (int64_t i = 0; i < kRowsMicro; ++i)
+        for (int64_t j = 0; j < kPanel; ++j) edge[i * kPanel + j] = i < here && j < width ? out[i * ldc + j] : 0.0f;
+    accumulate ? micro<true>(a, P, edge, kPanel, depth) : micro<false>(a, P, edge, kPanel, depth);
+    for (int64_t i = 0; i < here; ++i)
+      for (int64_t j = 0; j < width; ++j) out[i * ldc + j] = edge[i * kPanel + j];
   }
 }
 
-// The pairs along each row of x (count rows of k elements, `ld` apart) as
-// words: out[r·ldr + p·ldp] = (x[r][2p], x[r][2p+1]); rows count … pad−1 are 0.
-void pack_column_pairs(const bfloat16* x, int64_t ld, int64_t k, int64_t count, int64_t pad, uint32_t* out,
-                       int64_t ldr, int64_t ldp) {
-  const bfloat16 zero;
-  const int64_t K2 = (k + 1) / 2;
-  for (int64_t r = 0; r < pad; ++r)
-    for (int64_t p = 0; p < K2; ++p)
-      out[r * ldr + p * ldp] = r < count ? pair(x[r * ld + 2 * p], 2 * p + 1 < k ? x[r * ld + 2 * p + 1] : zero) : 0;
-}
-
-std::vector<float>& scratch_tile() {
-  thread_local std::vector<float> tile(size_t(kRows * kCols));
-  return tile;
+// C = op(A)·op(B) (beta 0) or C += op(A)·op(B) (beta 1).
+void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda, const bfloat16* b,
+             int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
+  const uint16_t* bb = &b->bits;
+  const uint16_t* ab = &a->bits;
+  auto b_at = [&](int64_t kk, int64_t j) -> uint16_t { return kk < k ? (tb ? bb[j * ldb + kk] : bb[kk * ldb + j]) : 0; };
+  auto a_at = [&](int64_t r, int64_t kk) -> uint16_t { return kk < k ? (ta ? ab[kk * lda + r] : ab[r * lda + kk]) : 0; };
+  uint32_t* packed = scratch(0, K2 * n_pad);
+#pragma omp parallel for schedule(static) if (K2 * n_pad > (int64_t(1) << 15))
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
+    for (int64_t q = 0; q < K2; ++q) {
+      uint32_t* row = packed + (p * K2 + q) * kPanel;
+      for (int64_t j = 0; j < width; ++j) row[j] = pair(b_at(2 * q, j0 + j), b_at(2 * q + 1, j0 + j));
+      for (int64_t j = width; j < kPanel; ++j) row[j] = 0;
+    }
+  }
+  const bool threaded = m * n * k > (int64_t(1) << 17);
+  const int64_t want = threaded ? 2 * int64_t(omp_get_max_threads()) : 1;
+  int64_t tile_rows = kRows, tile_cols = kCols;
+  auto items = [&] { return ((m + tile_rows - 1) / tile_rows) * ((n_pad + tile_cols - 1) / tile_cols); };
+  while (items() < want && tile_cols > kPanel) tile_cols /= 2;
+  while (items() < want && tile_rows > kRowsMicro) tile_rows = round_up(tile_rows / 2, kRowsMicro);
+  const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
+#pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
+  for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
+    const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
+    const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
+    const int64_t padded = round_up(rows, kRowsMicro);
+    uint32_t* rows_packed = scratch(1, kRows * kDepth2);
+    for (int64_t q0 = 0; q0 < K2; q0 += kDepth2) {
+      const int64_t depth = min64(kDepth2, K2 - q0);
+      for (int64_t g = 0; g < padded; g += kRowsMicro)
+        for (int64_t q = 0; q < depth; ++q) {
+          uint32_t* w = rows_packed + g * depth + q * kRowsMicro;
+          const int64_t kk = 2 * (q0 + q);
+          for (int64_t i = 0; i < kRowsMicro; ++i) {
+            const int64_t r = r0 + g + i;
+            w[i] = r < m ? pair(a_at(r, kk), a_at(r, kk + 1)) : 0;
+          }
+        }
+      for (int64_t j = 0; j < cols; j += kPanel)
+        panel_into(q0 > 0 || accumulate, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
+                   packed + ((c0 + j) / kPanel * K2 + q0) * kPanel, c + r0 * ldc + c0 + j, ldc);
+    }
+  }
 }
 
 }  // namespace
 
 void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
                       int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t K2 = (k + 1) / 2, n_pad = round_up(n, avx512::W);
-  // op(A) (m × k) as words A2[r·ar + p·ak]: in place, or packed.
-  const uint32_t* a2 = reinterpret_cast<const uint32_t*>(a);
-  int64_t ar = lda / 2, ak = 1;
-  if (ta) {  // A is k × m: pairs of rows, (K2, m)
-    uint32_t* packed = scratch_words(0, K2 * m).data();
-    pack_row_pairs(a, lda, k, m, m, packed, m);
-    a2 = packed, ar = 1, ak = m;
-  } else if (k % 2 != 0 || lda % 2 != 0 || reinterpret_cast<uintptr_t>(a) % 4 != 0) {
-    uint32_t* packed = scratch_words(0, m * K2).data();
-    pack_column_pairs(a, lda, k, m, m, packed, K2, 1);
-    a2 = packed, ar = K2;
+  if (m <= 0 || n <= 0) return;
+  if (k == 0) {
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
+    return;
   }
-  // op(B) (k × n) as (K2, n_pad) words: B itself is k × n, or n × k when transposed.
-  uint32_t* b2 = scratch_words(1, K2 * n_pad).data();
-  if (tb) pack_column_pairs(b, ldb, k, n, n_pad, b2, 1, n_pad);
-  else pack_row_pairs(b, ldb, k, n, n_pad, b2, n_pad);
-
-  const int64_t row_tiles = (m + kRows - 1) / kRows, col_tiles = (n_pad + kCols - 1) / kCols;
-#pragma omp parallel for schedule(dynamic, 1) if (m * n * k > (int64_t(1) << 18))
-  for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
-    const int64_t r0 = item / col_tiles * kRows, c0 = item % col_tiles * kCols;
-    const int64_t rows = std::min(kRows, m - r0), cols = std::min(kCols, n_pad - c0), width = std::min(cols, n - c0);
-    float* tile = scratch_tile().data();
-    avx512::gemm_bf16<false>(rows, cols, K2, a2 + r0 * ar, ar, ak, reinterpret_cast<const uint16_t*>(b2 + c0),
-                             2 * n_pad, tile, kCols);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* out = c + (r0 + r) * ldc + c0;
-      const float* t = tile + r * kCols;
-      if (beta == 0.0f)
-        for (int64_t j = 0; j < width; ++j) out[j] = alpha * t[j];
-      else
-        for (int64_t j = 0; j < width; ++j) out[j] = alpha * t[j] + beta * out[j];
-    }
-  }
+  if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) return product(ta, tb, m, n, k, a, lda, b, ldb, beta == 1.0f, c, ldc);
+  // Other scalings: the product apart, then C = alpha·product + beta·C (C not read for beta = 0).
+  float* t = static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float)));
+  if (!t) throw std::bad_alloc();
+  product(ta, tb, m, n, k, a, lda, b, ldb, false, t, n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      c[r * ldc + j] = beta == 0.0f ? alpha * t[r * n + j] : alpha * t[r * n + j] + beta * c[r * ldc + j];
+  std::free(t);
 }
 
 void round_to_bf16_avx512(const float* src, bfloat16* dst, int64_t n) {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "check.h"
+#include "cpu/gemm.h"
 #include "cpu/reduce.h"
 #include "random/philox.h"
 
@@ -179,7 +180,7 @@ Bf16Operands bf16_operands(const AttentionParams& p) {
 }
 
 bool use_bf16_kernel(const AttentionParams& p) {
-  return p.dtype == DType::bfloat16 && active_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+  return p.dtype == DType::bfloat16 && active_isa() == Isa::avx512 && bf16_dot_products_pay();
 }
 
 // qt2 (ceil(E/2), br, 2) = query pairs (e, e+1) of rows [i0, i0+rows) as bf16; pads 0.

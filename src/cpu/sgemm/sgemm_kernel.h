@@ -9,9 +9,10 @@
 //         copied, or k-major panels of kGemmRows rows for a transposed A),
 //         broadcast one element at a time
 //   C     tiles of up to kRows × kCols (smaller when a product has too few
-//         for two per thread), summed over K blocks of kDepth into a float
-//         scratch of the thread, then C = alpha·tile + beta·C (C is not read
-//         when beta = 0)
+//         for two per thread), summed over K blocks of kDepth: with alpha = 1
+//         and beta 0 or 1 (every product of the layers) straight into C;
+//         otherwise into a float scratch of the thread, then C = alpha·tile +
+//         beta·C. C is not read when beta = 0.
 //
 // For each K block and panel, the panel's kDepth × kPanel block (24 KiB with
 // AVX-512: half of L1) stays in L1 while every kGemmRows-row micro-tile of
@@ -129,12 +130,45 @@ inline void panel_product(bool row_major, int64_t rows, int64_t depth, const flo
   }
 }
 
+// C rows [0, rows) × columns [0, width) (row stride ldc) (+)= the packed
+// rows · P, adding to C when `accumulate`. Full kGemmRows-row groups of a
+// full panel go straight to C (no scratch, no second pass); the edges pass
+// through a tile on the stack.
+inline void panel_into(bool row_major, bool accumulate, int64_t rows, int64_t width, int64_t depth,
+                       const float* packed_rows, const float* P, float* C, int64_t ldc) {
+  auto run = [&](bool acc, const float* a, float* out, int64_t ld) {
+    if (row_major) acc ? micro_packed<true, true>(a, P, out, ld, depth) : micro_packed<false, true>(a, P, out, ld, depth);
+    else acc ? micro_packed<true, false>(a, P, out, ld, depth) : micro_packed<false, false>(a, P, out, ld, depth);
+  };
+  for (int64_t r = 0; r < rows; r += kGemmRows) {
+    const float* a = packed_rows + r * (row_major ? kDepth : depth);
+    const int64_t here = min64(kGemmRows, rows - r);
+    float* out = C + r * ldc;
+    if (here == kGemmRows && width == kPanel) {
+      run(accumulate, a, out, ldc);
+      continue;
+    }
+    alignas(64) float edge[kGemmRows * kPanel];
+    if (accumulate)
+      for (int64_t i = 0; i < kGemmRows; ++i)
+        for (int64_t j = 0; j < kPanel; ++j) edge[i * kPanel + j] = i < here && j < width ? out[i * ldc + j] : 0.0f;
+    run(accumulate, a, edge, kPanel);
+    for (int64_t i = 0; i < here; ++i)
+      for (int64_t j = 0; j < width; ++j) out[i * ldc + j] = edge[i * kPanel + j];
+  }
+}
+
 }  // namespace sgemm_detail
 
 inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   using namespace sgemm_detail;
   if (m <= 0 || n <= 0) return;
+  if (k == 0) {  // C = beta·C (alpha·op(A)·op(B) is empty)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
+    return;
+  }
   const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
   // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel.
   float* packed = scratch(0, k * n_pad);
@@ -165,10 +199,18 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0), width = min64(cols, n - c0);
-    float* tile = scratch(1, kRows * kCols);
     float* rows_packed = scratch(2, kRows * kDepth);
-    if (k == 0)
-      for (int64_t x = 0; x < tile_rows * tile_cols; ++x) tile[x] = 0.0f;
+    if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {  // every product of the layers: straight into C
+      for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+        const int64_t depth = min64(kDepth, k - k0);
+        pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
+        for (int64_t j = 0; j < cols; j += kPanel)
+          panel_into(ak == 1, k0 > 0 || beta == 1.0f, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
+                     packed + ((c0 + j) / kPanel * k + k0) * kPanel, c + r0 * ldc + c0 + j, ldc);
+      }
+      continue;
+    }
+    float* tile = scratch(1, kRows * kCols);
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
       pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
