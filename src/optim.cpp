@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "cpu/layers/layers.h"
 #include "cpu/reference/layers.h"
@@ -44,6 +45,16 @@ AdamW::AdamW(std::vector<nn::NamedParameter> params, const AdamWConfig& c) : par
   if (!(c.beta2 >= 0 && c.beta2 < 1)) raise<ValueError>(fn, "beta2", "in [0, 1)", std::to_string(c.beta2));
   if (!(c.eps > 0)) raise<ValueError>(fn, "eps", "> 0", std::to_string(c.eps));
   if (!(c.weight_decay >= 0)) raise<ValueError>(fn, "weight_decay", ">= 0", std::to_string(c.weight_decay));
+  if (const std::optional<nn::FlatParameters> flat = nn::flat_parameters_of(params_)) {
+    flat_m_ = Tensor::zeros({flat->numel}, flat->values.dtype());
+    flat_v_ = Tensor::zeros({flat->numel}, flat->values.dtype());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t at = flat->offsets[i], n = params_[i].value->numel();
+      m_.push_back(flat_m_.slice(0, at, at + n).view(params_[i].value->shape()));
+      v_.push_back(flat_v_.slice(0, at, at + n).view(params_[i].value->shape()));
+    }
+    return;
+  }
   for (const nn::NamedParameter& p : params_) {
     m_.push_back(Tensor::zeros(p.value->shape(), p.value->dtype()));
     v_.push_back(Tensor::zeros(p.value->shape(), p.value->dtype()));
@@ -53,6 +64,20 @@ AdamW::AdamW(std::vector<nn::NamedParameter> params, const AdamWConfig& c) : par
 void AdamW::step() {
   ++steps_;
   const double bias1 = 1 - std::pow(config_.beta1, double(steps_)), bias2 = 1 - std::pow(config_.beta2, double(steps_));
+  std::optional<nn::FlatParameters> flat =
+      flat_m_.defined() ? nn::flat_parameters_of(params_) : std::optional<nn::FlatParameters>{};
+  if (flat && flat->numel == flat_m_.numel()) {  // one sweep over every parameter
+    const nn::NamedParameter whole{"", &flat->values, &flat->grads};
+    for_parameter(whole, &flat_m_, &flat_v_, [&](auto* p, auto* g, auto* m, auto* v, int64_t n) {
+      using T = std::remove_pointer_t<decltype(p)>;
+      const cpu::AdamWStepOf<T> s{.param = p, .exp_avg = m, .exp_avg_sq = v, .grad = g, .n = n, .lr = config_.lr,
+                                  .beta1 = config_.beta1, .beta2 = config_.beta2, .eps = config_.eps,
+                                  .weight_decay = config_.weight_decay, .bias1 = bias1, .bias2 = bias2};
+      if constexpr (std::is_same_v<T, float>) cpu::adamw_step(s);
+      else cpu::reference::adamw_step(s);
+    });
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i)
     for_parameter(params_[i], &m_[i], &v_[i], [&](auto* p, auto* g, auto* m, auto* v, int64_t n) {
       using T = std::remove_pointer_t<decltype(p)>;
@@ -95,8 +120,13 @@ double clip_grad_norm(const std::vector<nn::NamedParameter>& params, double max_
   const char* fn = "mha::optim::clip_grad_norm";
   check_params(params, fn);
   if (!(max_norm > 0)) raise<ValueError>(fn, "max_norm", "> 0", std::to_string(max_norm));
+  // Flat parameters: their gradient block as one parameter (its gaps are 0).
+  std::optional<nn::FlatParameters> flat = nn::flat_parameters_of(params);
+  std::vector<nn::NamedParameter> whole;
+  if (flat) whole.push_back({"", &flat->grads, &flat->grads});
+  const std::vector<nn::NamedParameter>& sweep = flat ? whole : params;
   double sq = 0;
-  for (const nn::NamedParameter& p : params)
+  for (const nn::NamedParameter& p : sweep)
     for_parameter(p, nullptr, nullptr, [&](auto*, auto* g, auto*, auto*, int64_t n) {
       using T = std::remove_pointer_t<decltype(g)>;
       if constexpr (std::is_same_v<T, float>) sq += cpu::sum_of_squares(g, n);
@@ -106,7 +136,7 @@ double clip_grad_norm(const std::vector<nn::NamedParameter>& params, double max_
   const double norm = std::sqrt(sq);
   if (norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (const nn::NamedParameter& p : params)
+    for (const nn::NamedParameter& p : sweep)
       for_parameter(p, nullptr, nullptr, [&](auto*, auto* g, auto*, auto*, int64_t n) {
         using T = std::remove_pointer_t<decltype(g)>;
         if constexpr (std::is_same_v<T, float>) cpu::scale_in_place(g, n, float(scale));

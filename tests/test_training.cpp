@@ -86,6 +86,53 @@ TEST(Optim, ClipGradNorm) {
   EXPECT_THROW(optim::clip_grad_norm(ps, 0.0), ValueError);
 }
 
+// flatten_parameters: the values and gradients kept, the tensors views of two
+// blocks; AdamW and clipping over the blocks give the numbers of the
+// per-parameter sweeps, in float32 and float64.
+TEST(Optim, FlatParametersMatchPerParameterSweeps) {
+  for (DType dtype : {DType::float32, DType::float64}) {
+    SCOPED_TRACE(to_string(dtype));
+    // Sizes that leave gaps between 16-element starts, and a 2-D one.
+    const std::vector<Shape> shapes{{3}, {17}, {4, 5}, {33}};
+    std::vector<Tensor> values[2], grads[2];
+    std::vector<NamedParameter> params[2];
+    for (int copy = 0; copy < 2; ++copy) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        values[copy].push_back(random_tensor(shapes[i], 10 + i, dtype));
+        grads[copy].push_back(Tensor::zeros(shapes[i], dtype));
+      }
+      for (size_t i = 0; i < shapes.size(); ++i)
+        params[copy].push_back({std::string(1, char('a' + i)), &values[copy][i], &grads[copy][i]});
+    }
+    EXPECT_FALSE(flat_parameters_of(params[1]).has_value());
+    const FlatParameters flat = flatten_parameters(params[1]);
+    EXPECT_EQ(flat.offsets, (std::vector<int64_t>{0, 16, 48, 80}));
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(values[1][i].shape(), shapes[i]);
+      EXPECT_EQ(max_abs_diff(values[1][i], values[0][i]), 0.0);
+      EXPECT_EQ(values[1][i].raw_data(), static_cast<const char*>(flat.values.raw_data()) + flat.offsets[i] * dtype_size(dtype));
+    }
+    const std::optional<FlatParameters> seen = flat_parameters_of(params[1]);
+    ASSERT_TRUE(seen.has_value());
+    EXPECT_EQ(seen->numel, 80 + 33);
+    optim::AdamW per({params[0]}, {.lr = 0.05}), whole({params[1]}, {.lr = 0.05});
+    for (int step = 0; step < 3; ++step) {
+      for (int copy = 0; copy < 2; ++copy)
+        for (size_t i = 0; i < shapes.size(); ++i) grads[copy][i].copy_(random_tensor(shapes[i], 100 + step * 7 + i, dtype));
+      // The same sums in another order (the norm's blocks): float32 may differ in the last bit.
+      const double tol = dtype == DType::float32 ? 1e-6 : 1e-13;
+      EXPECT_NEAR(optim::clip_grad_norm(params[0], 1.0), optim::clip_grad_norm(params[1], 1.0), tol);
+      per.step(), whole.step();
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        EXPECT_LE(max_abs_diff(grads[1][i], grads[0][i]), tol) << i;
+        EXPECT_LE(max_abs_diff(values[1][i], values[0][i]), tol) << i;
+        EXPECT_LE(max_abs_diff(whole.exp_avg_sq()[i], per.exp_avg_sq()[i]), tol) << i;
+      }
+    }
+    for (int64_t x = 3; x < 16; ++x) EXPECT_EQ(flat.values.item({x}), 0.0);  // the gaps stay 0
+  }
+}
+
 TEST(Optim, Schedules) {
   EXPECT_DOUBLE_EQ(optim::warmup_cosine(0, 10, 110, 1.0), 0.1);
   EXPECT_DOUBLE_EQ(optim::warmup_cosine(9, 10, 110, 1.0), 1.0);

@@ -22,6 +22,9 @@ struct AdamWConfig {
   double weight_decay = 0.01;
 };
 
+// When the parameters are laid out as nn::flatten_parameters lays them, the
+// moments are two blocks of the same layout and a step is one sweep over all
+// of them; otherwise one sweep per parameter. The two give the same numbers.
 class AdamW {
  public:
   AdamW(std::vector<nn::NamedParameter> params, const AdamWConfig& config);
@@ -37,7 +40,8 @@ class AdamW {
  private:
   std::vector<nn::NamedParameter> params_;
   AdamWConfig config_;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_;    // views of flat_m_, flat_v_ when those are defined
+  Tensor flat_m_, flat_v_;       // (numel) for flat parameters
   int64_t steps_ = 0;
 };
 
@@ -65,7 +69,8 @@ class SGD {
 };
 
 // Scales all gradients by max_norm / (norm + 1e-6) when their global L2 norm
-// exceeds max_norm; returns the norm before clipping.
+// exceeds max_norm; returns the norm before clipping. Flat parameters
+// (nn::flatten_parameters): one sweep over the gradient block each way.
 double clip_grad_norm(const std::vector<nn::NamedParameter>& params, double max_norm);
 
 // Linear warm-up over `warmup` steps to base_lr, then cosine decay to min_lr at

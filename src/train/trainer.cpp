@@ -141,6 +141,8 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
   if (c.batch_size < 1) raise<ValueError>(fn, "config.batch_size", ">= 1", std::to_string(c.batch_size));
   Generator gen(c.seed);
   std::vector<nn::NamedParameter> params = model.named_parameters();
+  // One block of parameters, one of gradients: AdamW and clipping sweep each once a step.
+  if (!params.empty() && !nn::flat_parameters_of(params)) nn::flatten_parameters(params);
   optim::AdamW opt(params, {.lr = c.lr, .weight_decay = c.weight_decay});
   TrainState s;
   if (state && state->step > 0) {

@@ -6,6 +6,7 @@
 // until zero_grad().
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,23 @@ class Module {
 void append_parameters(std::vector<NamedParameter>& out, const std::string& prefix, Module& child);
 // Appends child's generators under "prefix.".
 void append_generators(std::vector<NamedGenerator>& out, const std::string& prefix, Module& child);
+
+// One contiguous block for every parameter's value and one for every
+// gradient (llm.c's layout): flatten_parameters copies each value and
+// gradient into its place, parameter i starting at offsets[i] (a multiple of
+// 16 elements, so every parameter starts on a 64-byte boundary; the gaps
+// hold zeros), and makes the parameters' tensors views of the blocks. An
+// optimizer or a norm then sweeps `numel` elements once instead of each
+// tensor in turn (optim.h). All parameters of one dtype, float32 or float64.
+struct FlatParameters {
+  Tensor values, grads;  // (numel)
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+};
+FlatParameters flatten_parameters(const std::vector<NamedParameter>& params);
+// The blocks that params already are views of, in order and laid out as
+// flatten_parameters lays them; nullopt when they are not.
+std::optional<FlatParameters> flat_parameters_of(const std::vector<NamedParameter>& params);
 
 // The states of module's generators (named_generators order), and setting
 // them back: a forward run again from the same states draws the same dropout.
