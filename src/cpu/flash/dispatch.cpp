@@ -253,7 +253,10 @@ void force_isa(std::optional<Isa> isa) {
 
 void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
-  const int64_t br = kQueryTile, tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
+  // A query tile no wider than the queries need (in whole vectors): a decoding
+  // step's one query per head would otherwise fill 1 of 64 lanes. Each query's
+  // sums are the same whatever the tile's width.
+  const int64_t br = std::min(kQueryTile, round_up(p.L, k.width)), tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
   const bool bf16_kernel = use_bf16_kernel(p);
   const FloatRows keys = bf16_kernel ? FloatRows{} : float_rows(p.k, p, E);
   const FloatRows values = bf16_kernel ? FloatRows{} : float_rows(p.v, p, Ev);
