@@ -13,6 +13,11 @@ Prints one JSON line like train_throughput's: median tokens/s of the timed steps
 the steps add.
 
     bench/torch_train.py --config mid [--steps 20] [--warmup 3] [--threads 2] [--layers torch|mha]
+
+With --decode N it times greedy decoding instead, as build/bench/decode_throughput does:
+a batch of copy prompts (BOS x SEP) in one forward (prefill), then N - 1 steps of one new
+token each; nn.TransformerEncoder keeps no KV cache, so each step runs the whole sequence
+(eval mode, no_grad). Medians of --steps repetitions.
 """
 import argparse
 import json
@@ -89,6 +94,28 @@ def copy_batch(gen, batch, lo, hi):
     return ids, targets
 
 
+def decode(model, batch, lo, new, reps):
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.cat([torch.full((batch, 1), BOS), torch.randint(0, 10, (batch, lo), generator=gen),
+                         torch.full((batch, 1), SEP)], dim=1)
+    model.eval()
+    prefills, decodes = [], []
+    with torch.no_grad():
+        for rep in range(reps + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            ids = prompts
+            logits = model(ids)
+            t1 = time.perf_counter()
+            for step in range(new - 1):
+                ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+                logits = model(ids)
+            t2 = time.perf_counter()
+            if rep:
+                prefills.append(t1 - t0)
+                decodes.append(t2 - t1)
+    return prompts.numel() / statistics.median(prefills), batch * (new - 1) / statistics.median(decodes)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="mid", choices=sorted(CONFIGS))
@@ -96,6 +123,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", default="torch", choices=["torch", "mha"])
+    ap.add_argument("--decode", type=int, default=0, help="time greedy decoding of this many tokens instead")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -103,6 +131,14 @@ def main():
     model = Model(d, heads, layers, ff, a.layers)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-3, weight_decay=0.01)
     dense = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embedding" not in n)
+    if a.decode:
+        prefill, per_token = decode(model, batch, hi, a.decode, a.steps)
+        print(json.dumps({"system": "torch" if a.layers == "torch" else "torch+mha-layers", "config": a.config,
+                          "threads": a.threads, "torch": torch.__version__,
+                          "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "detected"), "batch": batch,
+                          "prompt": hi + 2, "new": a.decode, "prefill_tokens_per_second": round(prefill, 1),
+                          "decode_tokens_per_second": round(per_token, 1)}))
+        return
     gen = torch.Generator().manual_seed(0)
 
     with open("/proc/self/clear_refs", "w") as f:

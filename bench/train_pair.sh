@@ -2,8 +2,9 @@
 # mha train against the same model in PyTorch (and PyTorch with mha's layers),
 # side by side: for each configuration the three runs alternate, ROUNDS times,
 # each printing one JSON line (bench/train_throughput.cpp, bench/torch_train.py).
-# With TORCH_CORETYPE=NAME set, PyTorch also runs a fourth time with
-# OPENBLAS_CORETYPE=NAME (for a CPU that Debian's OpenBLAS does not detect).
+# With TORCH_CORETYPE=NAME set, PyTorch and PyTorch with mha's layers run
+# again with OPENBLAS_CORETYPE=NAME (for a CPU that Debian's OpenBLAS does not
+# detect; mha's layers then use OpenBLAS too, see src/cpu/gemm.cpp).
 #   bash bench/train_pair.sh [ROUNDS] [CONFIGS...]     (after scripts/main.sh or test.sh built build/)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +23,8 @@ for config in ${configs[@]}; do
     if [ -n "${TORCH_CORETYPE:-}" ]; then
       OPENBLAS_CORETYPE=$TORCH_CORETYPE /usr/bin/python3 "$root/bench/torch_train.py" --config "$config" \
         --steps "$steps" --warmup 2 --threads "$OMP_NUM_THREADS"
+      OPENBLAS_CORETYPE=$TORCH_CORETYPE PYTHONPATH="$root/build/python" /usr/bin/python3 "$root/bench/torch_train.py" \
+        --config "$config" --steps "$steps" --warmup 2 --threads "$OMP_NUM_THREADS" --layers mha
     fi
   done
 done
