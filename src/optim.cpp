@@ -64,29 +64,19 @@ AdamW::AdamW(std::vector<nn::NamedParameter> params, const AdamWConfig& c) : par
 void AdamW::step() {
   ++steps_;
   const double bias1 = 1 - std::pow(config_.beta1, double(steps_)), bias2 = 1 - std::pow(config_.beta2, double(steps_));
+  const auto update = [&](auto* p, auto* g, auto* m, auto* v, int64_t n) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    const cpu::AdamWStepOf<T> s{.param = p, .exp_avg = m, .exp_avg_sq = v, .grad = g, .n = n, .lr = config_.lr,
+                                .beta1 = config_.beta1, .beta2 = config_.beta2, .eps = config_.eps,
+                                .weight_decay = config_.weight_decay, .bias1 = bias1, .bias2 = bias2};
+    if constexpr (std::is_same_v<T, float>) cpu::adamw_step(s);
+    else cpu::reference::adamw_step(s);
+  };
   std::optional<nn::FlatParameters> flat =
       flat_m_.defined() ? nn::flat_parameters_of(params_) : std::optional<nn::FlatParameters>{};
-  if (flat && flat->numel == flat_m_.numel()) {  // one sweep over every parameter
-    const nn::NamedParameter whole{"", &flat->values, &flat->grads};
-    for_parameter(whole, &flat_m_, &flat_v_, [&](auto* p, auto* g, auto* m, auto* v, int64_t n) {
-      using T = std::remove_pointer_t<decltype(p)>;
-      const cpu::AdamWStepOf<T> s{.param = p, .exp_avg = m, .exp_avg_sq = v, .grad = g, .n = n, .lr = config_.lr,
-                                  .beta1 = config_.beta1, .beta2 = config_.beta2, .eps = config_.eps,
-                                  .weight_decay = config_.weight_decay, .bias1 = bias1, .bias2 = bias2};
-      if constexpr (std::is_same_v<T, float>) cpu::adamw_step(s);
-      else cpu::reference::adamw_step(s);
-    });
-    return;
-  }
-  for (size_t i = 0; i < params_.size(); ++i)
-    for_parameter(params_[i], &m_[i], &v_[i], [&](auto* p, auto* g, auto* m, auto* v, int64_t n) {
-      using T = std::remove_pointer_t<decltype(p)>;
-      const cpu::AdamWStepOf<T> s{.param = p, .exp_avg = m, .exp_avg_sq = v, .grad = g, .n = n, .lr = config_.lr,
-                                  .beta1 = config_.beta1, .beta2 = config_.beta2, .eps = config_.eps,
-                                  .weight_decay = config_.weight_decay, .bias1 = bias1, .bias2 = bias2};
-      if constexpr (std::is_same_v<T, float>) cpu::adamw_step(s);
-      else cpu::reference::adamw_step(s);
-    });
+  if (flat && flat->numel == flat_m_.numel())  // one sweep over every parameter
+    return for_parameter({"", &flat->values, &flat->grads}, &flat_m_, &flat_v_, update);
+  for (size_t i = 0; i < params_.size(); ++i) for_parameter(params_[i], &m_[i], &v_[i], update);
 }
 
 SGD::SGD(std::vector<nn::NamedParameter> params, const SGDConfig& c) : params_(std::move(params)), config_(c) {

@@ -22,6 +22,7 @@
 #include <new>
 
 #include "cpu/gemm.h"
+#include "cpu/scratch.h"
 
 namespace mha::cpu {
 
@@ -37,27 +38,8 @@ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // (lo | hi << 16): the pair (lo, hi) as one 32-bit word, lo first in memory.
 inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-// Grow-only word scratch of the calling thread, freed when it exits.
-struct Scratch {
-  uint32_t* data[2] = {nullptr, nullptr};
-  int64_t words[2] = {0, 0};
-  ~Scratch() {
-    for (uint32_t* d : data) std::free(d);
-  }
-  uint32_t* get(int slot, int64_t n) {
-    if (words[slot] < n) {
-      std::free(data[slot]);
-      data[slot] = static_cast<uint32_t*>(std::aligned_alloc(64, size_t(round_up(n, 16)) * sizeof(uint32_t)));
-      if (!data[slot]) throw std::bad_alloc();
-      words[slot] = n;
-    }
-    return data[slot];
-  }
-};
-
-uint32_t* scratch(int slot, int64_t n) {
-  thread_local Scratch s;
-  return s.get(slot, n);
+uint32_t* scratch(ScratchSlot slot, int64_t words) {
+  return static_cast<uint32_t*>(thread_scratch_bytes(slot, words * int64_t(sizeof(uint32_t))));
 }
 
 // C (kRowsMicro × kPanel, row stride ldc) (+)= A · P over `depth` pairs.
@@ -108,7 +90,7 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
   const uint16_t* ab = &a->bits;
   auto b_at = [&](int64_t kk, int64_t j) -> uint16_t { return kk < k ? (tb ? bb[j * ldb + kk] : bb[kk * ldb + j]) : 0; };
   auto a_at = [&](int64_t r, int64_t kk) -> uint16_t { return kk < k ? (ta ? ab[kk * lda + r] : ab[r * lda + kk]) : 0; };
-  uint32_t* packed = scratch(0, K2 * n_pad);
+  uint32_t* packed = scratch(ScratchSlot::bgemm_b, K2 * n_pad);
 #pragma omp parallel for schedule(static) if (K2 * n_pad > (int64_t(1) << 15))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
@@ -130,7 +112,7 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
     const int64_t padded = round_up(rows, kRowsMicro);
-    uint32_t* rows_packed = scratch(1, kRows * kDepth2);
+    uint32_t* rows_packed = scratch(ScratchSlot::bgemm_rows, kRows * kDepth2);
     for (int64_t q0 = 0; q0 < K2; q0 += kDepth2) {
       const int64_t depth = min64(kDepth2, K2 - q0);
       for (int64_t g = 0; g < padded; g += kRowsMicro)

@@ -21,10 +21,8 @@
 // registers accumulate), loads 2 vectors of B per 24 FMAs.
 #include <omp.h>
 
-#include <cstdlib>
-#include <new>
-
 #include "cpu/flash/kernel.h"
+#include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
 
 namespace mha::cpu::MHA_ISA_NAMESPACE {
@@ -42,31 +40,9 @@ static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Grow-only scratch of the calling thread, freed when it exits. (No std::
-// containers here: their inline code built for this instruction set must not
-// be what the linker keeps for the rest of the library.)
-struct Scratch {
-  float* data[3] = {nullptr, nullptr, nullptr};
-  int64_t floats[3] = {0, 0, 0};
-  ~Scratch() {
-    for (float* d : data) std::free(d);
-  }
-  float* get(int slot, int64_t n) {
-    if (floats[slot] < n) {
-      std::free(data[slot]);
-      data[slot] = static_cast<float*>(std::aligned_alloc(64, size_t(round_up(n, 16)) * sizeof(float)));
-      if (!data[slot]) throw std::bad_alloc();
-      floats[slot] = n;
-    }
-    return data[slot];
-  }
-};
-
-inline float* scratch(int slot, int64_t floats) {
-  thread_local Scratch s;
-  return s.get(slot, floats);
+inline float* scratch(ScratchSlot slot, int64_t floats) {
+  return static_cast<float*>(thread_scratch_bytes(slot, floats * int64_t(sizeof(float))));
 }
-
 
 // Rows [0, rows) × K range [0, depth) of op(A) (element (r, k) at A[r·ar +
 // k·ak]) packed for the micro-tiles, each copy in its source's direction:
@@ -224,7 +200,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   if (!ta && tb && m <= kSkinnyRows) return skinny_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
   // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel.
-  float* packed = scratch(0, k * n_pad);
+  float* packed = scratch(ScratchSlot::sgemm_b, k * n_pad);
 #pragma omp parallel for schedule(static) if (k * n_pad > (int64_t(1) << 16))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
@@ -252,7 +228,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0), width = min64(cols, n - c0);
-    float* rows_packed = scratch(2, kRows * kDepth);
+    float* rows_packed = scratch(ScratchSlot::sgemm_rows, kRows * kDepth);
     if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {  // every product of the layers: straight into C
       for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
         const int64_t depth = min64(kDepth, k - k0);
@@ -263,7 +239,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
       }
       continue;
     }
-    float* tile = scratch(1, kRows * kCols);
+    float* tile = scratch(ScratchSlot::sgemm_tile, kRows * kCols);
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
       pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
