@@ -11,7 +11,7 @@
 namespace mha::cpu {
 
 // One slot per use that may be live at the same time as the others.
-enum class ScratchSlot : int { sgemm_b, sgemm_rows, sgemm_tile, bgemm_b, bgemm_rows, count };
+enum class ScratchSlot : int { sgemm_b, sgemm_rows, bgemm_b, bgemm_rows, count };
 
 // At least `bytes` bytes; the contents are unspecified.
 void* thread_scratch_bytes(ScratchSlot slot, int64_t bytes);

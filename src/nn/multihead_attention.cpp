@@ -66,10 +66,7 @@ void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t
   }
   for (int64_t n = 0; n < xs.N; ++n) {
     T* yn = y + n * xs.L * D;
-    if (bias) {
-      for (int64_t l = 0; l < xs.L; ++l)
-        for (int64_t e = 0; e < D; ++e) yn[l * D + e] = bias[e];
-    }
+    if (bias) fill_rows(yn, xs.L, D, D, bias);
     cpu::gemm(false, true, xs.L, D, xs.X, T(1), x + n * xs.batch_stride, xs.seq_stride, w, xs.X,
               bias ? T(1) : T(0), yn, D);
   }
@@ -109,8 +106,7 @@ void project_out(const A* heads, const SeqLayout& os, const A* w, const T* bias,
   }
   for (int64_t n = 0; n < os.N; ++n) {
     T* yn = output + n * os.batch_stride;
-    for (int64_t l = 0; l < os.L; ++l)
-      for (int64_t e = 0; e < D; ++e) yn[l * os.seq_stride + e] = bias ? bias[e] : T(0);
+    fill_rows(yn, os.L, D, os.seq_stride, bias);
     cpu::gemm(false, true, os.L, D, D, T(1), heads + n * os.L * D, D, w, D, T(1), yn, os.seq_stride);
   }
 }
@@ -566,10 +562,7 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
                 dheads.data<T>(), D);
       cpu::gemm(true, false, D, D, rows, T(1), dy_op.data<A>(), os.seq_stride, s.heads.data<A>(), D, T(1),
                 out_proj_weight_grad.data<T>(), D);
-      if (dbo && os.seq_stride == D) add_bias_gradient(dy.data<T>(), rows, D, dbo);
-      else if (dbo)
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t e = 0; e < D; ++e) dbo[e] += dy.data<T>()[r * os.seq_stride + e];
+      if (dbo) add_bias_gradient(dy.data<T>(), rows, D, dbo);  // rows in order: seq_stride = D
     }
     for (int64_t n = 0; n < N && !rows_in_order(os); ++n) {
       const A* dyn = dy_op.data<A>() + n * os.batch_stride;

@@ -9,10 +9,10 @@
 //         copied, or k-major panels of kGemmRows rows for a transposed A),
 //         broadcast one element at a time
 //   C     tiles of up to kRows × kCols (smaller when a product has too few
-//         for two per thread), summed over K blocks of kDepth: with alpha = 1
-//         and beta 0 or 1 (every product of the layers) straight into C;
-//         otherwise into a float scratch of the thread, then C = alpha·tile +
-//         beta·C. C is not read when beta = 0.
+//         for two per thread), summed over K blocks of kDepth straight into
+//         C (alpha = 1, beta 0 or 1: every product of the layers; other
+//         scalings take the product apart and scale it in). C is not read
+//         when beta = 0.
 //
 // For each K block and panel, the panel's kDepth × kPanel block (24 KiB with
 // AVX-512: half of L1) stays in L1 while every kGemmRows-row micro-tile of
@@ -20,6 +20,9 @@
 // KiB). The micro-tile, 12 rows × 2 vectors with AVX-512 (24 of 32
 // registers accumulate), loads 2 vectors of B per 24 FMAs.
 #include <omp.h>
+
+#include <cstdlib>
+#include <new>
 
 #include "cpu/flash/kernel.h"
 #include "cpu/scratch.h"
@@ -93,17 +96,6 @@ inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, 
   }
   for (int r = 0; r < kGemmRows; ++r)
     for (int v = 0; v < kNV; ++v) acc[r][v].store(C + r * ldc + v * W);
-}
-
-// C (rows rounded up to kGemmRows × kPanel, row stride ldc) (+)= the packed
-// rows (pack_rows) · P (depth × kPanel, packed).
-template <bool ACC>
-inline void panel_product(bool row_major, int64_t rows, int64_t depth, const float* packed_rows, const float* P,
-                          float* C, int64_t ldc) {
-  for (int64_t r = 0; r < rows; r += kGemmRows) {
-    if (row_major) micro_packed<ACC, true>(packed_rows + r * kDepth, P, C + r * ldc, ldc, depth);
-    else micro_packed<ACC, false>(packed_rows + r * depth, P, C + r * ldc, ldc, depth);
-  }
 }
 
 // C rows [0, rows) × columns [0, width) (row stride ldc) (+)= the packed
@@ -198,6 +190,18 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     return;
   }
   if (!ta && tb && m <= kSkinnyRows) return skinny_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) {
+    // Other scalings (no layer asks for them): the product apart, then
+    // C = alpha·product + beta·C (C not read for beta = 0).
+    float* t = static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float)));
+    if (!t) throw std::bad_alloc();
+    sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, t, n);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j)
+        c[r * ldc + j] = beta == 0.0f ? alpha * t[r * n + j] : alpha * t[r * n + j] + beta * c[r * ldc + j];
+    std::free(t);
+    return;
+  }
   const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
   // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel.
   float* packed = scratch(ScratchSlot::sgemm_b, k * n_pad);
@@ -227,37 +231,14 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
 #pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
-    const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0), width = min64(cols, n - c0);
+    const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
     float* rows_packed = scratch(ScratchSlot::sgemm_rows, kRows * kDepth);
-    if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {  // every product of the layers: straight into C
-      for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
-        const int64_t depth = min64(kDepth, k - k0);
-        pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
-        for (int64_t j = 0; j < cols; j += kPanel)
-          panel_into(ak == 1, k0 > 0 || beta == 1.0f, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
-                     packed + ((c0 + j) / kPanel * k + k0) * kPanel, c + r0 * ldc + c0 + j, ldc);
-      }
-      continue;
-    }
-    float* tile = scratch(ScratchSlot::sgemm_tile, kRows * kCols);
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
       pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
-      for (int64_t j = 0; j < cols; j += kPanel) {
-        const float* panel = packed + ((c0 + j) / kPanel * k + k0) * kPanel;
-        if (k0 == 0) panel_product<false>(ak == 1, rows, depth, rows_packed, panel, tile + j, tile_cols);
-        else panel_product<true>(ak == 1, rows, depth, rows_packed, panel, tile + j, tile_cols);
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* out = c + (r0 + r) * ldc + c0;
-      const float* t = tile + r * tile_cols;
-      if (beta == 0.0f)
-        for (int64_t j = 0; j < width; ++j) out[j] = alpha * t[j];
-      else if (alpha == 1.0f && beta == 1.0f)
-        for (int64_t j = 0; j < width; ++j) out[j] += t[j];
-      else
-        for (int64_t j = 0; j < width; ++j) out[j] = alpha * t[j] + beta * out[j];
+      for (int64_t j = 0; j < cols; j += kPanel)
+        panel_into(ak == 1, k0 > 0 || beta == 1.0f, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
+                   packed + ((c0 + j) / kPanel * k + k0) * kPanel, c + r0 * ldc + c0 + j, ldc);
     }
   }
 }
