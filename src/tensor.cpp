@@ -2,6 +2,7 @@
 #include "mha/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <sstream>
 
@@ -434,6 +435,28 @@ std::vector<double> Tensor::to_vector() const {
     for_each_offset(shape_, strides_, [&](int64_t o) { out.push_back(to_double(d[o])); });
   });
   return out;
+}
+
+int64_t first_non_finite(const Tensor& t) {
+  backend_for(t.device(), "mha::first_non_finite");
+  return dispatch_dtype(t.dtype(), [&](auto tag) -> int64_t {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, bool>) return -1;
+    else {
+      const T* d = t.data<T>();
+      if (t.is_contiguous()) {
+        for (int64_t i = 0, n = t.numel(); i < n; ++i)
+          if (!std::isfinite(load_as<double>(d[i]))) return i;
+        return -1;
+      }
+      int64_t i = 0, found = -1;
+      for_each_offset(t.shape(), t.strides(), [&](int64_t o) {
+        if (found < 0 && !std::isfinite(load_as<double>(d[o]))) found = i;
+        ++i;
+      });
+      return found;
+    }
+  });
 }
 
 }  // namespace mha

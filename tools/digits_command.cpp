@@ -36,8 +36,8 @@ int run_train_digits(TrainCommand& cmd) {
               (long long)parameters);
   ProgressReport report;
   const train::TrainResult r = train::train_digits(model, data, cmd.train, std::ref(report));
-  std::printf("held-out accuracy: %.1f%% after %lld steps, %.1f s of training, %.0f tokens/s\n",
-              100 * r.heldout_exact_match, (long long)r.steps, r.train_seconds, r.tokens_per_second);
+  std::printf("held-out accuracy: %s after %lld steps, %.1f s of training, %.0f tokens/s\n",
+              percent(r.heldout_exact_match).c_str(), (long long)r.steps, r.train_seconds, r.tokens_per_second);
   if (!cmd.out.empty()) {
     std::filesystem::create_directories(cmd.out);
     io::NamedTensors tensors;

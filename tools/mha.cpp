@@ -117,6 +117,11 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--max-new", gen_max_new, "Most tokens to generate (0: twice the input's, plus 2)")
       ->capture_default_str();
 
+  mha::train::LoadOptions load;
+  for (CLI::App* cmd : {eval_cmd, viz_cmd, gen_cmd})
+    cmd->add_flag("--allow-non-finite", load.allow_non_finite,
+                  "Load weights that hold NaN or infinity (to inspect a diverged run) instead of refusing them");
+
   CLI11_PARSE(app, argc, argv);
   // Copy converges sooner than reverse: a shorter schedule (1250 steps, 100% at about step
   // 1000) keeps it within a minute on 2 cores; reverse needs the default 1500 (100% at ~1250).
@@ -150,9 +155,9 @@ int main(int argc, char** argv) {
   try {
     if (demo_cmd->parsed()) mha::tools::run_demo(demo, std::cout);
     if (train_cmd->parsed()) return train.task == "digits" ? mha::tools::run_train_digits(train) : mha::tools::run_train(train);
-    if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint, eval_min_length, eval_max_length);
-    if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out);
-    if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new);
+    if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint, eval_min_length, eval_max_length, load);
+    if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out, load);
+    if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new, load);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "mha/io/safetensors.h"
@@ -21,6 +22,13 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
+std::string percent(double fraction) {
+  // k/n times 1000 can land just below an integer (0.29 · 1000 = 289.99…97): nudge before the floor.
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", std::floor(fraction * 1000 + 1e-9) / 10);
+  return buf;
+}
+
 ProgressReport::ProgressReport(const std::string& earlier_metrics) : tty_(isatty(fileno(stdout))) {
   if (earlier_metrics.empty()) metrics_ << "step,loss,token_accuracy,heldout_exact_match,tokens_per_second,elapsed_seconds\n";
   else metrics_ << earlier_metrics;
@@ -32,7 +40,7 @@ void ProgressReport::operator()(const train::TrainProgress& p) {
            << ',' << p.elapsed_seconds << '\n';
   const double eta = p.elapsed_seconds / double(p.step) * double(p.steps - p.step);
   const std::string heldout =
-      p.heldout_exact_match >= 0 ? "  held-out " + std::to_string(int(100 * p.heldout_exact_match + 0.5)) + "%" : "";
+      p.heldout_exact_match >= 0 ? "  held-out " + percent(p.heldout_exact_match) : "";
   char line[256];
   std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  token acc %5.1f%%  %7.0f tok/s  %s elapsed, ETA %s%s",
                 (long long)p.step, (long long)p.steps, p.loss, 100 * p.token_accuracy, p.tokens_per_second,

@@ -10,6 +10,10 @@
 
 namespace mha::tools {
 
+// A fraction as a percentage with one decimal, rounded down: a score short of
+// perfect never reads "100.0%" (0.9996 reads 99.9%).
+std::string percent(double fraction);
+
 class ProgressReport {
  public:
   // earlier_metrics: the metrics.csv of a run being resumed ("" for a new run).

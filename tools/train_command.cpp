@@ -36,6 +36,16 @@ std::vector<int64_t> answer(train::LoadedCheckpoint& loaded, const std::vector<i
   return loaded.model->answer({input}, {length}, max_new)[0];
 }
 
+// Loads a checkpoint for a command; says so when its weights carry no checksums.
+train::LoadedCheckpoint load(const std::string& dir, const train::LoadOptions& options, bool training = false) {
+  train::LoadedCheckpoint loaded = training ? train::load_training_checkpoint(dir, options)
+                                            : train::load_checkpoint(dir, options);
+  if (!loaded.checksummed)
+    std::fprintf(stderr, "mha: note: the weights in %s carry no checksums (written by another tool or an older mha), "
+                 "so a changed byte cannot be detected\n", dir.c_str());
+  return loaded;
+}
+
 }  // namespace
 
 int run_train(TrainCommand& cmd) {
@@ -44,7 +54,7 @@ int run_train(TrainCommand& cmd) {
   train::TrainState state;
   std::string earlier_metrics;
   if (!cmd.resume.empty()) {
-    train::LoadedCheckpoint loaded = train::load_training_checkpoint(cmd.resume);
+    train::LoadedCheckpoint loaded = load(cmd.resume, {}, true);
     cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, cmd.train.seed = loaded.info.seed;
     cmd.task = train::to_string(cmd.task_config.task);
     architecture = loaded.info.architecture, cmd.encoder_layers = loaded.info.num_encoder_layers;
@@ -101,8 +111,8 @@ int run_train(TrainCommand& cmd) {
     if (!cmd.out.empty()) save(s);
   };
   const train::TrainResult r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint);
-  std::printf("held-out exact match: %.1f%% (token accuracy %.1f%%) after %lld steps, %.1f s of training, %.0f tokens/s\n",
-              100 * r.heldout_exact_match, 100 * r.heldout_token_accuracy, (long long)r.steps, r.train_seconds,
+  std::printf("held-out exact match: %s (token accuracy %s) after %lld steps, %.1f s of training, %.0f tokens/s\n",
+              percent(r.heldout_exact_match).c_str(), percent(r.heldout_token_accuracy).c_str(), (long long)r.steps, r.train_seconds,
               r.tokens_per_second);
   std::printf("peak tensor memory: %.1f MiB\n", double(peak_memory()) / (1 << 20));
   if (!cmd.out.empty()) {
@@ -115,8 +125,8 @@ int run_train(TrainCommand& cmd) {
   return 0;
 }
 
-int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_length) {
-  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_length, const train::LoadOptions& options) {
+  train::LoadedCheckpoint loaded = load(checkpoint, options);
   // Other lengths than those trained on (length generalisation): a fresh held-out set.
   if (min_length > 0) loaded.info.task.min_length = min_length;
   if (max_length > 0) loaded.info.task.max_length = max_length;
@@ -125,19 +135,20 @@ int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_leng
                 (long long)loaded.info.task.max_length);
   const train::TaskData data(loaded.info.task, loaded.info.seed);
   const train::Evaluation e = train::evaluate(*loaded.model, data.heldout());
-  std::printf("%s: task %s, trained %lld steps; held-out exact match %.1f%%, token accuracy %.1f%% (%lld examples)\n",
+  std::printf("%s: task %s, trained %lld steps; held-out exact match %s, token accuracy %s (%lld examples)\n",
               checkpoint.c_str(), train::to_string(loaded.info.task.task).c_str(), (long long)loaded.info.steps,
-              100 * e.exact_match, 100 * e.token_accuracy, (long long)data.heldout().size());
+              percent(e.exact_match).c_str(), percent(e.token_accuracy).c_str(), (long long)data.heldout().size());
   return 0;
 }
 
-int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out) {
+int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out,
+            const train::LoadOptions& options) {
   std::string extension = std::filesystem::path(out).extension().string();
   std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   const bool html = extension == ".html" || extension == ".htm";
   if (!html && extension != ".png")
     throw mha::ValueError("[mha viz] --out: expected a file name ending in .png or .html; got '" + out + "'");
-  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+  train::LoadedCheckpoint loaded = load(checkpoint, options);
   const std::vector<int64_t> tokens = train::parse_tokens(input, "mha viz");
   const std::vector<int64_t> output = answer(loaded, tokens, 2 * int64_t(tokens.size()) + 2, "mha viz");
   const std::vector<train::AttentionView> views = loaded.model->attention(tokens, output);
@@ -186,8 +197,9 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
   return 0;
 }
 
-int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new) {
-  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint);
+int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new,
+                 const train::LoadOptions& options) {
+  train::LoadedCheckpoint loaded = load(checkpoint, options);
   const std::vector<int64_t> tokens = train::parse_tokens(input, "mha generate");
   if (max_new <= 0) max_new = 2 * int64_t(tokens.size()) + 2;
   const std::vector<int64_t> output = answer(loaded, tokens, max_new, "mha generate");

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "mha/train/checkpoint.h"
 #include "mha/train/trainer.h"
 
 namespace mha::tools {
@@ -35,7 +36,8 @@ int run_train(TrainCommand& command);
 int run_train_digits(TrainCommand& command);
 // `mha eval --checkpoint DIR`: reloads a checkpoint and prints its held-out exact match.
 // --min-length/--max-length > 0 evaluate on other lengths than those trained on.
-int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_length = 0);
+int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_length = 0,
+             const train::LoadOptions& load = {});
 // `mha viz --checkpoint DIR --input "3 1 4" --out PATH`: decodes the input
 // greedily and draws every layer's and head's attention over the whole sequence,
 // as a PNG grid or an interactive HTML page, chosen by PATH's extension
@@ -43,9 +45,11 @@ int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_
 // shows the encoder's self-attention, the decoder's and the cross-attention
 // one under another; as HTML they are three pages, PATH with -encoder,
 // -decoder and -cross before its extension.
-int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out);
+int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out,
+            const train::LoadOptions& load = {});
 // `mha generate --checkpoint DIR --input "3 1 4"`: greedy decoding with a KV
 // cache; prints the generated tokens (max_new ≤ 0: 2 · input length + 2).
-int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new);
+int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new,
+                 const train::LoadOptions& load = {});
 
 }  // namespace mha::tools

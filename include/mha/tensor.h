@@ -98,6 +98,10 @@ class Tensor {
 
 // Row-major strides of a contiguous tensor of `shape`.
 Shape contiguous_strides(const Shape& shape);
+
+// The row-major index of the first NaN or ±inf element, or -1 when every
+// element is finite (and for integer and bool tensors).
+int64_t first_non_finite(const Tensor& t);
 int64_t shape_numel(const Shape& shape);
 
 }  // namespace mha

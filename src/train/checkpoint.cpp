@@ -155,7 +155,8 @@ json parse_json(const std::string& text, const std::string& path) {
 // Copies the tensors named prefix + parameter name into `params`; every
 // parameter must be there with its shape and dtype.
 size_t fill(const std::vector<nn::NamedParameter>& params, const std::map<std::string, Tensor>& tensors,
-            const std::string& prefix, const std::string& path, std::vector<Tensor>* into = nullptr) {
+            const std::string& prefix, const std::string& path, const LoadOptions& options,
+            std::vector<Tensor>* into = nullptr) {
   size_t used = 0;
   for (const nn::NamedParameter& p : params) {
     auto it = tensors.find(prefix + p.name);
@@ -164,6 +165,10 @@ size_t fill(const std::vector<nn::NamedParameter>& params, const std::map<std::s
       bad(path, "tensor '" + prefix + p.name + "': expected " + to_string(p.value->dtype()) + " " +
                     shape_string(p.value->shape()) + " for this config; got " + to_string(it->second.dtype()) + " " +
                     shape_string(it->second.shape()));
+    if (const int64_t at = options.allow_non_finite ? -1 : first_non_finite(it->second); at >= 0)
+      bad(path, "tensor '" + prefix + p.name + "' holds " + std::to_string(it->second.contiguous().to_vector()[size_t(at)]) +
+                    " at element " + std::to_string(at) + " (of " + std::to_string(it->second.numel()) +
+                    "): a diverged run? Allow non-finite weights (--allow-non-finite) to load it for inspection");
     if (into) into->push_back(it->second.clone());
     else p.value->copy_(it->second);
     ++used;
@@ -240,7 +245,7 @@ void save_checkpoint(const std::string& dir, TaskModel& model, const Checkpoint&
   io::write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
 }
 
-LoadedCheckpoint load_training_checkpoint(const std::string& dir) {
+LoadedCheckpoint load_training_checkpoint(const std::string& dir, const LoadOptions& options) {
   const std::string path = dir + "/train_state.safetensors";
   const io::SafetensorsFile file = io::load_safetensors(path);
   if (metadata(file, "format") != "mha-train-state") bad(path, "not an mha training state");
@@ -249,9 +254,10 @@ LoadedCheckpoint load_training_checkpoint(const std::string& dir) {
   out.model = build(out.info);
   const std::vector<nn::NamedParameter> params = out.model->named_parameters();
   TrainState s;
-  size_t used = fill(params, file.tensors, "model.", path);
-  used += fill(params, file.tensors, "exp_avg.", path, &s.exp_avg);
-  used += fill(params, file.tensors, "exp_avg_sq.", path, &s.exp_avg_sq);
+  out.checksummed = file.checksummed == file.tensors.size();
+  size_t used = fill(params, file.tensors, "model.", path, options);
+  used += fill(params, file.tensors, "exp_avg.", path, options, &s.exp_avg);
+  used += fill(params, file.tensors, "exp_avg_sq.", path, options, &s.exp_avg_sq);
   if (used != file.tensors.size()) bad(path, std::to_string(file.tensors.size() - used) + " unexpected tensors");
   const json train = parse_json(metadata(file, "train"), path);
   try {
@@ -269,7 +275,7 @@ LoadedCheckpoint load_training_checkpoint(const std::string& dir) {
   return out;
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& dir) {
+LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& options) {
   const std::string config_path = dir + "/config.json";
   std::ifstream f(config_path);
   if (!f) bad(config_path, "cannot open");
@@ -282,7 +288,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
     // An interrupted save: config.json is older than model.safetensors. The
     // training state, written first, is whole and from the newer save.
     if (std::filesystem::exists(dir + "/train_state.safetensors")) {
-      LoadedCheckpoint out = load_training_checkpoint(dir);
+      LoadedCheckpoint out = load_training_checkpoint(dir, options);
       out.state.reset();
       return out;
     }
@@ -292,7 +298,8 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   LoadedCheckpoint out;
   out.info = parse_config(config, config_path);
   out.model = build(out.info);
-  const size_t used = fill(out.model->named_parameters(), file.tensors, "", weights_path);
+  out.checksummed = file.checksummed == file.tensors.size();
+  const size_t used = fill(out.model->named_parameters(), file.tensors, "", weights_path, options);
   if (used != file.tensors.size())
     bad(weights_path, std::to_string(file.tensors.size() - used) + " tensors that this config's model does not have");
   // Checkpoints from before the generators were stored with the weights start them afresh.

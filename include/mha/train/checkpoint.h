@@ -14,7 +14,9 @@
 // saves: loading notices the ids differ and takes the weights and config from
 // train_state.safetensors, which is whole and from the newer save. Anything
 // else that does not match — missing, extra or reshaped tensors, a truncated
-// or corrupt file — is refused with FormatError.
+// or corrupt file, a changed byte (every tensor's CRC-32 is verified, see
+// io/safetensors.h), a NaN or infinity in the weights or moments — is refused
+// with FormatError naming the file and the tensor.
 #pragma once
 
 #include <memory>
@@ -44,12 +46,18 @@ struct LoadedCheckpoint {
   Checkpoint info;
   std::unique_ptr<TaskModel> model;  // in eval mode
   std::unique_ptr<TrainState> state;         // load_training_checkpoint only
+  bool checksummed = true;  // false: the weights carry no checksums (another tool, an older mha)
+};
+
+struct LoadOptions {
+  // Load NaN and infinite weights (to inspect a diverged run) instead of refusing them.
+  bool allow_non_finite = false;
 };
 
 // Weights and config (for eval, viz, generate).
-LoadedCheckpoint load_checkpoint(const std::string& dir);
+LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& options = {});
 // From train_state.safetensors: weights, config, optimizer state, and the
 // model's dropout generators restored.
-LoadedCheckpoint load_training_checkpoint(const std::string& dir);
+LoadedCheckpoint load_training_checkpoint(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace mha::train
