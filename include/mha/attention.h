@@ -20,6 +20,11 @@
 //     i + (S - L) - window_left <= j <= i + (S - L) + window_right; -1 leaves
 //     that side unbounded. Combined with the mask and causal by "and".
 //   * A fully masked row has output 0, weights 0, lse = -inf and gradient 0.
+//   * NaN and infinity propagate, never masked away: a non-finite element of
+//     q, k or v reaches exactly the outputs and gradients whose formula reads
+//     it, on every path, as in PyTorch; keys the mask, causality or the
+//     window exclude are never read. Only the mask empties a row: a row whose
+//     allowed logits are all -inf from the data is NaN.
 //   * dropout: element (b, i, j) is kept with probability 1 - p by a
 //     counter-based generator keyed by dropout_seed, so backward regenerates
 //     the same pattern without storing it. Kept weights are scaled by 1/(1-p).

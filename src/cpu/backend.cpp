@@ -1,5 +1,7 @@
 // The CPU backend: host memory (cpu/allocator.h) and the CPU attention kernels.
 #include "backend.h"
+
+#include "finite.h"
 #include "cpu/allocator.h"
 #include "cpu/flash/dispatch.h"
 #include "cpu/reference/attention.h"
@@ -12,14 +14,29 @@ struct CpuBackend final : Backend {
   void* allocate(size_t bytes, const char*) override { return cpu::host_allocate(bytes); }
   void deallocate(void* ptr) override { cpu::host_free(ptr); }
 
+  // The fused kernels multiply whole tiles, excluded (masked) entries
+  // included as weight 0, so a NaN or infinity in Q, K or V reaches outputs
+  // that do not depend on it (0·NaN = NaN); and once it shows, nothing tells
+  // which outputs it reached rightly. The reference path computes exactly the
+  // outputs that depend on each input. So a fused call whose outputs hold a
+  // NaN or infinity runs again on the reference path: the same results for
+  // finite inputs, the exact dependency for non-finite ones, at the price of
+  // one scan of the outputs (O(L·Ev) against the O(L·S·E) product).
   void attention_forward(const AttentionParams& p, AttentionOutput& r) override {
-    if (p.path == AttentionPath::fused) cpu::flash_attention_forward(p, r);
-    else cpu::reference_attention_forward(p, r);
+    if (p.path == AttentionPath::fused) {
+      cpu::flash_attention_forward(p, r);
+      if (all_finite(r.out) && all_finite(r.lse, /*minus_inf_ok=*/true)) return;  // lse = -inf: a fully masked row
+      r.path = AttentionPath::reference;
+    }
+    cpu::reference_attention_forward(p, r);
   }
   void attention_backward(const AttentionParams& p, const Tensor& dout, const AttentionOutput& fwd,
                           AttentionGradients& g) override {
-    if (p.path == AttentionPath::fused) cpu::flash_attention_backward(p, dout, fwd, g);
-    else cpu::reference_attention_backward(p, dout, fwd, g);
+    if (p.path == AttentionPath::fused) {
+      cpu::flash_attention_backward(p, dout, fwd, g);
+      if (all_finite(g.dquery) && all_finite(g.dkey) && all_finite(g.dvalue)) return;
+    }
+    cpu::reference_attention_backward(p, dout, fwd, g);
   }
 };
 

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "finite.h"
+#include "mha/attention.h"
 #include "mha/variants/block_sparse.h"
 #include "variants/block_sparse_layout.h"
 #include "variants/common.h"
@@ -25,6 +27,11 @@ struct Problem {
   bool causal = false;
   const BlockSparseLayout* layout = nullptr;
 };
+
+// The same attention as a dense boolean mask, on the reference path.
+AttentionOptions as_dense(const BlockSparseOptions& o, const Problem& p) {
+  return {.mask = block_sparse_mask(o.layout, p.L, p.S, o.causal), .scale = p.scale, .path = AttentionPath::reference};
+}
 
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const BlockSparseOptions& o,
                      const std::string& fn) {
@@ -52,6 +59,16 @@ bool block_logits(const Problem& p, const T* q, const T* k, int64_t i0, int64_t 
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = std::max<int64_t>(0, i0 + r + 1 - j0); c < cols; ++c) s[r * ld + c] = -INFINITY;
   return true;
+}
+
+// Whether the layout (and causality) shows query i of query block I any key.
+bool sees_a_key(const Problem& p, int64_t I, int64_t i) {
+  const BlockSparseLayout& lay = *p.layout;
+  for (int64_t x = lay.row_begin[size_t(I)]; x < lay.row_begin[size_t(I) + 1]; ++x) {
+    const int64_t j0 = lay.key_block[size_t(x)] * lay.block;
+    if (j0 < p.S && (!p.causal || j0 <= i)) return true;
+  }
+  return false;
 }
 
 // P = exp(s - lse) in place (0 where s or lse is -inf).
@@ -90,7 +107,7 @@ void forward(const Problem& p, T* out, T* lse) {
         for (int64_t r = 0; r < rows; ++r) {  // online softmax: rescale the row's state to the new max
           T* sr = &s[size_t(r * blk)];
           T max = m[size_t(r)];
-          for (int64_t c = 0; c < cols; ++c) max = std::max(max, sr[c]);
+          for (int64_t c = 0; c < cols; ++c) max = sr[c] > max || sr[c] != sr[c] ? sr[c] : max;  // NaN stays
           if (max == -INFINITY) {  // nothing visible in this row yet
             std::fill(sr, sr + cols, T(0));
             continue;
@@ -105,11 +122,15 @@ void forward(const Problem& p, T* out, T* lse) {
         }
         cpu::gemm<T>(false, false, rows, Ev, cols, T(1), s.data(), blk, v + j0 * Ev, Ev, T(1), acc.data(), Ev);
       }
+      // l = 0: the row saw no key, or (when the layout shows it one) every
+      // logit it saw was -inf from the data, NaN in exact arithmetic.
       for (int64_t r = 0; r < rows; ++r) {
         T* o = out + (b * L + i0 + r) * Ev;
         const T lr = l[size_t(r)];
-        for (int64_t e = 0; e < Ev; ++e) o[e] = lr > 0 ? acc[size_t(r * Ev + e)] / lr : T(0);
-        lse[b * L + i0 + r] = lr > 0 ? m[size_t(r)] + std::log(lr) : T(-INFINITY);
+        for (int64_t e = 0; e < Ev; ++e) o[e] = lr == 0 ? T(0) : acc[size_t(r * Ev + e)] / lr;
+        lse[b * L + i0 + r] = lr != 0                ? m[size_t(r)] + std::log(lr)
+                              : sees_a_key(p, I, i0 + r) ? T(NAN)
+                                                        : T(-INFINITY);
       }
     }
   }
@@ -197,6 +218,13 @@ BlockSparseOutput block_sparse_attention_forward(const Tensor& query, const Tens
     using T = decltype(tag);
     forward<T>(p, r.out.data<T>(), r.lse.data<T>());
   });
+  // A NaN or infinity in the inputs: the blocks multiply masked entries as 0
+  // (0·NaN = NaN) and cannot say which rows depend on it. The same attention
+  // as a dense mask on the reference path can (see cpu/backend.cpp).
+  if (!all_finite(r.out) || !all_finite(r.lse, /*minus_inf_ok=*/true)) {
+    AttentionOutput exact = attention_forward(query, key, value, as_dense(options, p));
+    r.out = exact.out, r.lse = exact.lse;
+  }
   return r;
 }
 
@@ -215,6 +243,11 @@ AttentionGradients block_sparse_attention_backward(const Tensor& dout, const Ten
     const Tensor d = dout.contiguous(), o = forward_result.out.contiguous(), lse = forward_result.lse.contiguous();
     backward<T>(p, d.data<T>(), o.data<T>(), lse.data<T>(), g.dquery.data<T>(), g.dkey.data<T>(), g.dvalue.data<T>());
   });
+  if (!all_finite(g.dquery) || !all_finite(g.dkey) || !all_finite(g.dvalue)) {
+    AttentionOutput saved;
+    saved.out = forward_result.out, saved.lse = forward_result.lse;
+    g = attention_backward(dout, query, key, value, saved, as_dense(options, p));
+  }
   return g;
 }
 

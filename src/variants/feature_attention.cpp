@@ -72,6 +72,114 @@ void lower_product(const T* a, const T* b, int64_t n, int64_t width, T* t) {
   for (int64_t r = 0; r < n; ++r) std::fill(t + r * kChunk + r + 1, t + r * kChunk + n, T(0));
 }
 
+template <class T>
+T tiny_normalizer() {
+  return std::sqrt(std::numeric_limits<T>::min());
+}
+
+template <class T>
+bool finite(const T* x, int64_t n) {
+  bool bad = false;  // x - x is 0 exactly for finite x; or-ed so that the loop vectorises
+  for (int64_t i = 0; i < n; ++i) bad |= !(x[i] - x[i] == T(0));
+  return !bad;
+}
+
+template <class T>
+T dot(const T* x, const T* y, int64_t n) {
+  T s = 0;
+  for (int64_t f = 0; f < n; ++f) s += x[f] * y[f];
+  return s;
+}
+
+// The dense definition, key by key, for inputs that hold a NaN or infinity.
+// The fast forms multiply the causally excluded entries of a chunk as 0
+// (0·NaN = NaN) and so cannot say which rows depend on a non-finite input;
+// here only the keys a row sees are read, so a NaN reaches exactly the rows
+// and gradients whose formula reads it. O(L·S·(F + Ev)).
+template <class T>
+void dense_forward(const FeatureAttentionShape& n, const T* pq, const T* pk, const T* v, T* out, T* normalizer) {
+  const T tiny = tiny_normalizer<T>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n.L; ++i) {
+    T den = 0;
+    T* o = out + i * n.Ev;
+    std::fill(o, o + n.Ev, T(0));
+    for (int64_t j = 0; j < (n.causal ? i + 1 : n.S); ++j) {
+      const T a = dot(pq + i * n.F, pk + j * n.F, n.F);
+      den += a;
+      for (int64_t e = 0; e < n.Ev; ++e) o[e] += a * v[j * n.Ev + e];
+    }
+    if (den <= tiny) den = 0;
+    for (int64_t e = 0; e < n.Ev; ++e) o[e] = den == T(0) ? T(0) : o[e] / den;
+    normalizer[i] = den;
+  }
+}
+
+// With a_ij = φq_i·φk_j, out_i = Σ_j a_ij v_j / Σ_j a_ij:
+//   ∂L/∂a_ij = (dout_i·v_j - dout_i·out_i) / den_i,
+//   dφq_i = Σ_j ∂a_ij φk_j,  dφk_j = Σ_i ∂a_ij φq_i,  dv_j = Σ_i a_ij dout_i / den_i.
+// Serial over rows (the sums over i meet in dφk and dv); only for non-finite inputs.
+template <class T>
+void dense_backward(const FeatureAttentionShape& n, const T* pq, const T* pk, const T* v, const T* out,
+                    const T* normalizer, const T* dout, T* dpq, T* dpk, T* dv) {
+  std::fill(dpq, dpq + n.L * n.F, T(0));
+  std::fill(dpk, dpk + n.S * n.F, T(0));
+  std::fill(dv, dv + n.S * n.Ev, T(0));
+  for (int64_t i = 0; i < n.L; ++i) {
+    const T den = normalizer[i];
+    if (den == T(0)) continue;  // an underflowed row: zero gradient
+    const T* d = dout + i * n.Ev;
+    const T d_out = dot(d, out + i * n.Ev, n.Ev);
+    for (int64_t j = 0; j < (n.causal ? i + 1 : n.S); ++j) {
+      const T a = dot(pq + i * n.F, pk + j * n.F, n.F);
+      const T da = (dot(d, v + j * n.Ev, n.Ev) - d_out) / den;
+      for (int64_t f = 0; f < n.F; ++f) {
+        dpq[i * n.F + f] += da * pk[j * n.F + f];
+        dpk[j * n.F + f] += da * pq[i * n.F + f];
+      }
+      for (int64_t e = 0; e < n.Ev; ++e) dv[j * n.Ev + e] += a * d[e] / den;
+    }
+  }
+}
+
+template <class T>
+void causal_backward(const FeatureAttentionShape& n, const T* pq, const T* pk, const Buffer<T>& vhat,
+                     const Buffer<T>& ghat, T* dpq, T* dpk, T* dv) {
+  const int64_t L = n.L, F = n.F, Ev = n.Ev, W = Ev + 1;
+  const Segments seg(L);
+  std::vector<T> prefix = segment_starts(seg, pk, vhat.data(), F, W, false);   // Û before each segment
+  std::vector<T> suffix = segment_starts(seg, pq, ghat.data(), F, W, true);    // R after each segment
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < seg.count; ++s) {
+    std::vector<T> t(static_cast<size_t>(kChunk * kChunk));
+    T* state = &prefix[size_t(s * F * W)];
+    for (int64_t c = seg.first_chunk(s); c < seg.first_chunk(s + 1); ++c) {  // dφq_c = tril(Ĝ_c V̂_cᵀ) φk_c + Ĝ_c Ûᵀ
+      const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
+      const T* g = ghat.data() + i0 * W;
+      const T* vh = vhat.data() + i0 * W;
+      lower_product(g, vh, rows, W, t.data());
+      cpu::gemm<T>(false, false, rows, F, rows, T(1), t.data(), kChunk, pk + i0 * F, F, T(0), dpq + i0 * F, F);
+      cpu::gemm<T>(false, true, rows, F, W, T(1), g, W, state, W, T(1), dpq + i0 * F, F);
+      cpu::gemm<T>(true, false, F, W, rows, T(1), pk + i0 * F, F, vh, W, T(1), state, W);
+    }
+    T* r = &suffix[size_t(s * F * W)];
+    for (int64_t c = seg.first_chunk(s + 1) - 1; c >= seg.first_chunk(s); --c) {
+      const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
+      const T* g = ghat.data() + i0 * W;
+      const T* vh = vhat.data() + i0 * W;
+      // dφk_c = tril(Ĝ_c V̂_cᵀ)ᵀ φq_c + V̂_c Rᵀ
+      lower_product(g, vh, rows, W, t.data());
+      cpu::gemm<T>(true, false, rows, F, rows, T(1), t.data(), kChunk, pq + i0 * F, F, T(0), dpk + i0 * F, F);
+      cpu::gemm<T>(false, true, rows, F, W, T(1), vh, W, r, W, T(1), dpk + i0 * F, F);
+      // dV_c = tril(φq_c φk_cᵀ)ᵀ Ĝ_c[:, :Ev] + φk_c R[:, :Ev]
+      lower_product(pq + i0 * F, pk + i0 * F, rows, F, t.data());
+      cpu::gemm<T>(true, false, rows, Ev, rows, T(1), t.data(), kChunk, g, W, T(0), dv + i0 * Ev, Ev);
+      cpu::gemm<T>(false, false, rows, Ev, F, T(1), pk + i0 * F, F, r, W, T(1), dv + i0 * Ev, Ev);
+      cpu::gemm<T>(true, false, F, W, rows, T(1), pq + i0 * F, F, g, W, T(1), r, W);
+    }
+  }
+}
+
 }  // namespace
 
 QkvSizes check_feature_call(const Tensor& query, const Tensor& key, const Tensor& value, bool causal,
@@ -110,14 +218,15 @@ void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, cons
   }
   // Below √(smallest normal) a normaliser counts as underflowed: 1/den would
   // overflow in backward (Ĝ and the sums of R), so such rows are set to 0.
-  const T tiny = std::sqrt(std::numeric_limits<T>::min());
+  const T tiny = tiny_normalizer<T>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
     const T* row = num.data() + i * W;
-    const T den = row[Ev] > tiny ? row[Ev] : T(0);
-    for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] = den > T(0) ? row[e] / den : T(0);
+    const T den = row[Ev] <= tiny ? T(0) : row[Ev];  // a NaN stays NaN
+    for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] = den == T(0) ? T(0) : row[e] / den;
     normalizer[i] = den;
   }
+  if (!finite(out, L * Ev) || !finite(normalizer, L)) dense_forward(n, pq, pk, v, out, normalizer);
 }
 
 template <class T>
@@ -132,10 +241,10 @@ void feature_attention_backward(const FeatureAttentionShape& n, const T* pq, con
     T* g = ghat.data() + i * W;
     T dot = 0;
     for (int64_t e = 0; e < Ev; ++e) {
-      g[e] = den > T(0) ? dout[i * Ev + e] / den : T(0);
+      g[e] = den == T(0) ? T(0) : dout[i * Ev + e] / den;
       dot += dout[i * Ev + e] * out[i * Ev + e];
     }
-    g[Ev] = den > T(0) ? -dot / den : T(0);
+    g[Ev] = den == T(0) ? T(0) : -dot / den;
   }
   if (!n.causal) {
     std::vector<T> state(static_cast<size_t>(F * W)), r(static_cast<size_t>(F * W));
@@ -144,41 +253,13 @@ void feature_attention_backward(const FeatureAttentionShape& n, const T* pq, con
     cpu::gemm<T>(true, false, F, W, L, T(1), pq, F, ghat.data(), W, T(0), r.data(), W);        // R = φqᵀ Ĝ
     cpu::gemm<T>(false, true, S, F, W, T(1), vhat.data(), W, r.data(), W, T(0), dpk, F);       // dφk = V̂ Rᵀ
     cpu::gemm<T>(false, false, S, Ev, F, T(1), pk, F, r.data(), W, T(0), dv, Ev);              // dV = φk R[:, :Ev]
-    return;
+  } else {
+    causal_backward(n, pq, pk, vhat, ghat, dpq, dpk, dv);
   }
-  const Segments seg(L);
-  std::vector<T> prefix = segment_starts(seg, pk, vhat.data(), F, W, false);   // Û before each segment
-  std::vector<T> suffix = segment_starts(seg, pq, ghat.data(), F, W, true);    // R after each segment
-#pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < seg.count; ++s) {
-    std::vector<T> t(static_cast<size_t>(kChunk * kChunk));
-    T* state = &prefix[size_t(s * F * W)];
-    for (int64_t c = seg.first_chunk(s); c < seg.first_chunk(s + 1); ++c) {  // dφq_c = tril(Ĝ_c V̂_cᵀ) φk_c + Ĝ_c Ûᵀ
-      const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
-      const T* g = ghat.data() + i0 * W;
-      const T* vh = vhat.data() + i0 * W;
-      lower_product(g, vh, rows, W, t.data());
-      cpu::gemm<T>(false, false, rows, F, rows, T(1), t.data(), kChunk, pk + i0 * F, F, T(0), dpq + i0 * F, F);
-      cpu::gemm<T>(false, true, rows, F, W, T(1), g, W, state, W, T(1), dpq + i0 * F, F);
-      cpu::gemm<T>(true, false, F, W, rows, T(1), pk + i0 * F, F, vh, W, T(1), state, W);
-    }
-    T* r = &suffix[size_t(s * F * W)];
-    for (int64_t c = seg.first_chunk(s + 1) - 1; c >= seg.first_chunk(s); --c) {
-      const int64_t i0 = c * kChunk, rows = std::min(kChunk, L - i0);
-      const T* g = ghat.data() + i0 * W;
-      const T* vh = vhat.data() + i0 * W;
-      // dφk_c = tril(Ĝ_c V̂_cᵀ)ᵀ φq_c + V̂_c Rᵀ
-      lower_product(g, vh, rows, W, t.data());
-      cpu::gemm<T>(true, false, rows, F, rows, T(1), t.data(), kChunk, pq + i0 * F, F, T(0), dpk + i0 * F, F);
-      cpu::gemm<T>(false, true, rows, F, W, T(1), vh, W, r, W, T(1), dpk + i0 * F, F);
-      // dV_c = tril(φq_c φk_cᵀ)ᵀ Ĝ_c[:, :Ev] + φk_c R[:, :Ev]
-      lower_product(pq + i0 * F, pk + i0 * F, rows, F, t.data());
-      cpu::gemm<T>(true, false, rows, Ev, rows, T(1), t.data(), kChunk, g, W, T(0), dv + i0 * Ev, Ev);
-      cpu::gemm<T>(false, false, rows, Ev, F, T(1), pk + i0 * F, F, r, W, T(1), dv + i0 * Ev, Ev);
-      cpu::gemm<T>(true, false, F, W, rows, T(1), pq + i0 * F, F, g, W, T(1), r, W);
-    }
-  }
+  if (!finite(dpq, L * F) || !finite(dpk, S * F) || !finite(dv, S * Ev))
+    dense_backward(n, pq, pk, v, out, normalizer, dout, dpq, dpk, dv);
 }
+
 
 #define MHA_INSTANTIATE(T)                                                                                        \
   template void feature_attention_forward<T>(const FeatureAttentionShape&, const T*, const T*, const T*, T*, T*); \

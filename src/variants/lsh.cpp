@@ -180,7 +180,7 @@ constexpr int64_t kSweep = 16;
 // k = q / |q| (a zero row stays zero): the keys.
 template <class T>
 void normalise(const T* q, T norm, int64_t E, T* k) {
-  for (int64_t e = 0; e < E; ++e) k[e] = norm > T(0) ? q[e] / norm : T(0);
+  for (int64_t e = 0; e < E; ++e) k[e] = norm == T(0) ? T(0) : q[e] / norm;  // a NaN norm gives NaN keys
 }
 
 // A thread's window on the sorted order as it sweeps chunks c, c+1, …: the
@@ -296,7 +296,7 @@ void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
         T* s = &w.s[size_t(a * w.m)];
         const int64_t i = w.qpos()[a];
         T row_max = -INFINITY;
-        for (int64_t t = 0; t < w.m; ++t) row_max = s[t] > row_max ? s[t] : row_max;
+        for (int64_t t = 0; t < w.m; ++t) row_max = s[t] > row_max || s[t] != s[t] ? s[t] : row_max;  // NaN stays
         if (row_max == -INFINITY) {  // no other key this round
           std::fill(s, s + w.m, T(0));
           continue;
@@ -313,7 +313,7 @@ void forward_entry(const Call& c, const T* Q, const T* V, T* out, T* lse) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
-    if (run_sum[i] > T(0)) {
+    if (run_sum[i] != T(0)) {  // a NaN sum included
       for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] /= run_sum[i];
       lse[i] = run_max[i] + std::log(run_sum[i]);
     } else {  // nothing but itself: weight 1 on its own value; s_ii = scale·q_i·q_i/|q_i|

@@ -128,6 +128,18 @@ inline void key_range(int64_t i0, int64_t rows, int64_t S, Band b, int64_t& lo, 
   hi = min64(S, i0 + rows - 1 + b.hi_shift);
 }
 
+// Whether the band and the mask leave query t.i0 + i any key. l = 0 with a
+// key left means every logit it was allowed was -inf from the data (q or k
+// infinite), which is NaN in exact arithmetic, not an empty row. Rare: run
+// only then.
+inline bool row_allows_a_key(const FlashForwardTile& t, int64_t i) {
+  const int64_t lo = max64(0, t.i0 + i + t.band.lo_shift), hi = min64(t.S, t.i0 + i + t.band.hi_shift);
+  if (!t.mask) return lo < hi;
+  for (int64_t j = lo; j < hi; ++j)
+    if (t.mask[i * t.mask_row + j * t.mask_col] != -__builtin_inff()) return true;
+  return false;
+}
+
 // The forward's two products on float32 operands.
 struct FloatProducts {
   const FlashForwardTile& t;
@@ -218,12 +230,15 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
   }
   if (weights_pass) return;
 
+  // l = 0: no key reached the row. A NaN l (a NaN or infinite logit) makes
+  // the row's output and lse NaN, for the dispatcher to notice.
   for (int64_t i = 0; i < t.rows; ++i) {
     const float li = l[i];
-    const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+    const float inv = li == 0.0f ? 0.0f : 1.0f / li;
     float* o = t.out + i * t.out_row;
     for (int64_t e = 0; e < t.Ev; ++e) o[e] = ot[e * br + i] * inv;
-    t.lse[i] = li > 0.0f ? (m[i] + __builtin_log2f(li)) * kLn2 : -__builtin_inff();
+    t.lse[i] = li == 0.0f ? (row_allows_a_key(t, i) ? __builtin_nanf("") : -__builtin_inff())
+                          : (m[i] + __builtin_log2f(li)) * kLn2;
   }
 }
 

@@ -11,6 +11,14 @@
 //   dS_ij = exp(s_j - lse_i) · (c_ij · do_i·v_j - D_i)     (gradient of s_j)
 //   dq_i += scale · dS_ij k_j,  dk_j += scale · dS_ij q_i,  dmask_ij = dS_ij
 // A fully masked row (lse = -inf) contributes nothing.
+//
+// Non-finite inputs: keys excluded by the mask (false, or -inf added), the
+// band or causality are skipped, never read, so a NaN or infinity there
+// changes nothing; every other entry is computed in IEEE arithmetic, so a NaN
+// or infinity reaches exactly the outputs and gradients whose formula reads it
+// (a weight that underflows to 0 or is dropped still multiplies: 0·NaN = NaN,
+// as in PyTorch). A row whose allowed logits are all -inf from the data (not
+// the mask) is NaN, as exp(-inf - (-inf)) is; only the mask empties a row.
 #include "cpu/reference/attention.h"
 
 #include <cmath>
@@ -68,21 +76,34 @@ struct Dropout {
   }
 };
 
-// Logits of row (b, i) for keys begin <= j < end into s[j]; returns their maximum.
+// Logits of row (b, i) for keys begin <= j < end into s[j], and keep[j]:
+// whether the mask allows key j (an excluded key's logit is not computed).
+// Returns the number of allowed keys and, in max, their largest logit (NaN
+// when any is NaN).
 template <class T, class A>
-A row_logits(const AttentionParams& p, const Rows<const T>& q, const Rows<const T>& k, const A* mask,
-             int64_t b, int64_t i, int64_t begin, int64_t end, A* s) {
+int64_t row_logits(const AttentionParams& p, const Rows<const T>& q, const Rows<const T>& k, const A* mask,
+                   int64_t b, int64_t i, int64_t begin, int64_t end, A* s, uint8_t* keep, A& max) {
   const A scale = A(p.scale);
   const T* qi = q.at(b, i);
   const A* mrow = mask ? mask + p.mask_offset[size_t(b)] + i * p.mask_row : nullptr;
-  A max = -INFINITY;
+  max = -INFINITY;
+  int64_t allowed = 0;
+  bool nan = false;
   for (int64_t j = begin; j < end; ++j) {
-    A x = scale * dot<A>(qi, q.col, k.at(b, j), k.col, p.E);
-    if (mrow) x += mrow[j * p.mask_col];
+    const A m = mrow ? mrow[j * p.mask_col] : A(0);
+    keep[j] = m != -INFINITY;
+    if (!keep[j]) {
+      s[j] = -INFINITY;
+      continue;
+    }
+    const A x = scale * dot<A>(qi, q.col, k.at(b, j), k.col, p.E) + m;
     s[j] = x;
-    if (x > max) max = x;
+    ++allowed;
+    if (std::isnan(x)) nan = true;
+    else if (x > max) max = x;
   }
-  return max;
+  if (nan) max = A(NAN);
+  return allowed;
 }
 
 template <class T, class A>
@@ -98,13 +119,16 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
 #pragma omp parallel
   {
     std::vector<A> s(static_cast<size_t>(S)), acc(static_cast<size_t>(Ev));
+    std::vector<uint8_t> keep(static_cast<size_t>(S));
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < p.batch * L; ++row) {
       const int64_t b = row / L, i = row % L, begin = p.key_begin(i), end = p.key_end(i);
       T* o = out + row * Ev;
       T* w = weights ? weights + row * S : nullptr;
-      const A max = end > begin ? row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data()) : A(-INFINITY);
-      if (max == -INFINITY) {  // fully masked row
+      A max = -INFINITY;
+      const int64_t allowed =
+          end > begin ? row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data(), keep.data(), max) : 0;
+      if (allowed == 0) {  // fully masked row
         lse[row] = -INFINITY;
         for (int64_t e = 0; e < Ev; ++e) o[e] = store_as<T>(A(0));
         if (w)
@@ -112,13 +136,16 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
         continue;
       }
       A sum = 0;
-      for (int64_t j = begin; j < end; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - max));
+      for (int64_t j = begin; j < end; ++j)
+        if (keep[size_t(j)]) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - max));
       lse[row] = max + std::log(sum);
       std::fill(acc.begin(), acc.end(), A(0));
-      for (int64_t j = 0; j < S; ++j) {
-        const A pij = j >= begin && j < end ? s[size_t(j)] / sum * dropout.factor(b, i, j) : A(0);
+      if (w)
+        for (int64_t j = 0; j < S; ++j) w[j] = store_as<T>(A(0));
+      for (int64_t j = begin; j < end; ++j) {
+        if (!keep[size_t(j)]) continue;
+        const A pij = s[size_t(j)] / sum * dropout.factor(b, i, j);
         if (w) w[j] = store_as<T>(pij);
-        if (pij == A(0)) continue;
         const T* vj = v.at(b, j);
         for (int64_t e = 0; e < Ev; ++e) acc[size_t(e)] += pij * load_as<A>(vj[e * v.col]);
       }
@@ -143,19 +170,21 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
 #pragma omp parallel
   {
     std::vector<A> s(static_cast<size_t>(S));
+    std::vector<uint8_t> keep(static_cast<size_t>(S));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t i = 0; i < L; ++i) {
         const A lse_i = lse[b * L + i];
         const int64_t begin = p.key_begin(i), end = p.key_end(i);
-        if (lse_i == -INFINITY || end <= begin) continue;
-        row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data());
+        if (lse_i == -INFINITY || end <= begin) continue;  // a fully masked row
+        A max;
+        row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data(), keep.data(), max);
         const T* doi = dout.at(b, i);
         const A D = dot<A>(doi, dout.col, out.at(b, i), out.col, Ev);
         const T* qi = q.at(b, i);
         A* dqi = &dq[size_t((b * L + i) * E)];
         for (int64_t j = begin; j < end; ++j) {
-          if (s[size_t(j)] == -INFINITY) continue;
+          if (!keep[size_t(j)]) continue;
           const A prob = std::exp(s[size_t(j)] - lse_i), c = dropout.factor(b, i, j);
           const T* vj = v.at(b, j);
           const T* kj = k.at(b, j);

@@ -9,7 +9,9 @@
 //   fma(a, b, c) = a·b + c, +, -, *, /, max(a, b), min(a, b), sqrt(a), abs(a)
 //   select_gt(a, b, x, y)   a > b ? x : y, lane by lane (false for NaN)
 //   reduce_add(a)           the sum of the lanes, in a fixed order
-//   exp2(x)                 2^x, relative error < 1.2e-7; exactly 0 for x <= -150 (and -inf)
+//   exp2(x)                 2^x, relative error < 1.2e-7; exactly 0 for x <= -150 (and -inf); NaN for NaN
+//
+// max(a, b) and min(a, b) return b when either is NaN (as vmaxps does).
 //
 // Include this file only from a kernel translation unit that defines
 // MHA_SIMD_AVX512, MHA_SIMD_AVX2 or neither (portable), compiled with the
@@ -66,8 +68,10 @@ struct Vec {
   friend float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
   friend Vec exp2(Vec x) {
     // Below -150, p·2^n underflows to exactly 0 (so -inf gives 0); scalef
-    // also saturates large n to inf, so no upper clamp is needed.
-    x.v = _mm512_max_ps(x.v, _mm512_set1_ps(-150.0f));
+    // also saturates large n to inf, so no upper clamp is needed. The clamp
+    // takes x second, so that a NaN passes through (vmaxps returns its second
+    // operand when either is NaN).
+    x.v = _mm512_max_ps(_mm512_set1_ps(-150.0f), x.v);
     const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x.v, n);
     const __m512 p = MHA_EXP2_POLY(f, _mm512_fmadd_ps, _mm512_set1_ps);
@@ -108,8 +112,9 @@ struct Vec {
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
   }
   friend Vec exp2(Vec x) {
-    x.v = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
-    x.v = _mm256_min_ps(x.v, _mm256_set1_ps(127.0f));
+    // x second in the clamps: a NaN passes through (and, as NaN · 2^n, comes out NaN).
+    x.v = _mm256_max_ps(_mm256_set1_ps(-127.0f), x.v);
+    x.v = _mm256_min_ps(_mm256_set1_ps(127.0f), x.v);
     const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(x.v, n);
     const __m256 p = MHA_EXP2_POLY(f, _mm256_fmadd_ps, _mm256_set1_ps);
@@ -192,6 +197,7 @@ struct Vec {
     return a.v[0];
   }
   static float exp2_scalar(float x) {
+    if (x != x) return x;  // NaN (converting it to an integer below is undefined)
     x = x < -127.0f ? -127.0f : (x > 127.0f ? 127.0f : x);
     // Round half away from zero, matching neither SIMD path bit for bit but
     // with the same accuracy: f stays in [-0.5, 0.5].
