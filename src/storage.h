@@ -13,6 +13,10 @@ namespace mha {
 // Adds to the counters of mha/memory.h (negative: freed).
 void track_memory(int64_t bytes);
 
+// The bytes of a contiguous tensor of `shape`; MemoryError when they overflow
+// or would take the tensor memory past memory_limit() (mha/memory.h).
+size_t checked_bytes(const Shape& shape, DType dtype, const char* fn);
+
 class Storage {
  public:
   Storage(size_t bytes, Device device, const char* fn)

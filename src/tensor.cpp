@@ -66,7 +66,7 @@ void check_shape(const Shape& shape, const char* fn) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape, "mha::Tensor::empty");
   Tensor t;
-  size_t bytes = size_t(shape_numel(shape) * dtype_size(dtype));
+  const size_t bytes = checked_bytes(shape, dtype, "mha::Tensor::empty");
   t.storage_ = std::make_shared<Storage>(bytes, device, "mha::Tensor::empty");
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);

@@ -19,6 +19,33 @@ TEST(Errors, TypesDeriveFromStandardOnes) {
   static_assert(std::is_base_of_v<std::invalid_argument, ValueError>);
   static_assert(std::is_base_of_v<std::runtime_error, DeviceError>);
   static_assert(std::is_base_of_v<std::logic_error, StateError>);
+  static_assert(std::is_base_of_v<std::runtime_error, NumericalError>);
+  static_assert(std::is_base_of_v<std::runtime_error, MemoryError>);
+}
+
+// Too large a tensor is refused before anything is allocated: a byte count
+// that overflows, more than the machine has, more than the limit set.
+TEST(Errors, MemoryLimits) {
+  expect_error<MemoryError>([] { Tensor::empty({int64_t(1) << 40, int64_t(1) << 40}); },
+                            {"[mha::Tensor::empty] shape (1099511627776, 1099511627776) of float32", "2^63 bytes"});
+  expect_error<MemoryError>([] { Tensor::empty({int64_t(1) << 30, int64_t(1) << 14}); },
+                            {"the machine's memory", "got 64 TiB"});
+  EXPECT_GT(memory_limit(), int64_t(1) << 20);
+  const int64_t machine = memory_limit();
+  set_memory_limit(int64_t(1) << 20);  // 1 MiB of tensors
+  EXPECT_EQ(memory_limit(), int64_t(1) << 20);
+  const Tensor q = t({1, 1, 600, 4}), kv = t({1, 1, 600, 4});
+  EXPECT_NO_THROW(attention_forward(q, kv, kv));
+  // The weights, 600 × 600 floats (1.4 MB), do not fit: refused before the kernel runs.
+  expect_error<MemoryError>([&] { attention_forward(q, kv, kv, {.return_weights = true}); },
+                            {"shape (1, 1, 600, 600) of float32", "the limit 1 MiB set by set_memory_limit", "got 1.37 MiB"});
+  Generator g(1);
+  nn::Linear layer({.in_features = 4, .out_features = 512}, g);
+  expect_error<MemoryError>([&] { layer.forward(t({600, 4})); }, "shape (600, 512)");
+  set_memory_limit(0);
+  EXPECT_EQ(memory_limit(), machine);
+  EXPECT_NO_THROW(attention_forward(q, kv, kv, {.return_weights = true}));
+  expect_error<ValueError>([] { set_memory_limit(-1); }, "[mha::set_memory_limit] bytes: expected >= 0");
 }
 
 TEST(Errors, AttentionArguments) {

@@ -426,3 +426,48 @@ TEST(Init, XavierHeAndNormalHaveTheirScales) {
   EXPECT_EQ(parse_init("he"), Init::he);
   EXPECT_THROW(parse_init("glorot"), ValueError);
 }
+
+TEST(Trainer, ANonFiniteStepStopsBeforeTheUpdateNamingTheParameter) {
+  const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 4, .heldout = 10};
+  const train::TaskData data(task, 5);
+  Generator g(3);
+  train::DecoderOnly model(std::make_unique<LanguageModel>(small_model(), g));
+  std::vector<nn::NamedParameter> params = model.named_parameters();
+  // A NaN in one weight: the first step's loss is NaN.
+  const nn::NamedParameter& poisoned = params[3];
+  poisoned.value->view({-1}).set_item({0}, NAN);
+  std::vector<std::vector<double>> before;
+  for (const auto& p : params) before.push_back(p.value->to_vector());
+  train::TrainState state;
+  try {
+    train::train(model, data, {.steps = 5, .batch_size = 4, .warmup = 1, .eval_every = 0}, {}, &state);
+    ADD_FAILURE() << "expected NumericalError";
+  } catch (const NumericalError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[mha::train::train] step 1: the loss is nan"), std::string::npos) << what;
+    EXPECT_NE(what.find("the first parameter with a non-finite gradient is "), std::string::npos) << what;
+    EXPECT_NE(what.find("the parameters are those after step 0"), std::string::npos) << what;
+  }
+  // Not applied: every parameter as it was (the NaN compares unequal, so compare bit patterns through the text).
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<double> now = params[i].value->to_vector();
+    for (size_t x = 0; x < now.size(); ++x)
+      EXPECT_TRUE(now[x] == before[i][x] || (std::isnan(now[x]) && std::isnan(before[i][x]))) << params[i].name;
+  }
+  // Too large a step diverges later; the guard stops it there with every parameter finite.
+  Generator g2(3);
+  train::DecoderOnly wild(std::make_unique<LanguageModel>(small_model(), g2));
+  EXPECT_THROW(train::train(wild, data, {.steps = 200, .batch_size = 4, .lr = 1e3, .warmup = 1, .eval_every = 0}),
+               NumericalError);
+  for (const auto& p : wild.named_parameters()) EXPECT_EQ(first_non_finite(*p.value), -1) << p.name;
+  // The guard by itself: a loss that is not finite with finite gradients says so.
+  for (auto& p : params) p.grad->fill_(0.0);
+  EXPECT_NO_THROW(train::guard_step("f", 7, 1.0, 0.0, params));
+  try {
+    train::guard_step("f", 7, INFINITY, 0.0, params);
+    ADD_FAILURE() << "expected NumericalError";
+  } catch (const NumericalError& e) {
+    EXPECT_NE(std::string(e.what()).find("[f] step 7: the loss is inf and the gradient norm 0.000000; every gradient is finite"),
+              std::string::npos) << e.what();
+  }
+}

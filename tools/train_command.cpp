@@ -107,10 +107,23 @@ int run_train(TrainCommand& cmd) {
                            &s);
   };
   ProgressReport report(earlier_metrics);
+  int64_t saved_step = -1;  // of the last checkpoint written in cmd.out
   const auto on_checkpoint = [&](const train::TrainState& s) {
-    if (!cmd.out.empty()) save(s);
+    if (cmd.out.empty()) return;
+    save(s);
+    saved_step = s.step;
   };
-  const train::TrainResult r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint);
+  train::TrainResult r;
+  try {
+    r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint);
+  } catch (const NumericalError& e) {
+    // Nothing more is written: the last checkpoint stays as it was.
+    throw NumericalError(std::string(e.what()) + ".\n" +
+                         (saved_step >= 0 ? "The last checkpoint, at step " + std::to_string(saved_step) + ", is intact in " +
+                                                cmd.out + ": `mha train --resume " + cmd.out +
+                                                "` continues from it (with a lower --lr or a tighter --clip, say)"
+                                          : std::string("No checkpoint was written (--out with --checkpoint-every N saves one every N steps)")));
+  }
   std::printf("held-out exact match: %s (token accuracy %s) after %lld steps, %.1f s of training, %.0f tokens/s\n",
               percent(r.heldout_exact_match).c_str(), percent(r.heldout_token_accuracy).c_str(), (long long)r.steps, r.train_seconds,
               r.tokens_per_second);

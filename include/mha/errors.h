@@ -33,6 +33,18 @@ struct FormatError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A computation produced NaN or infinity where only a finite value can go on:
+// a training step whose loss or gradient is not finite (training diverged).
+struct NumericalError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A tensor larger than the memory limit (mha::set_memory_limit, or what the
+// machine has), or an allocation the system refused: raised before any work.
+struct MemoryError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // A call made in the wrong order (backward before forward, ...).
 struct StateError : std::logic_error {
   using std::logic_error::logic_error;

@@ -7,10 +7,13 @@
 NumPy arrays in give NumPy arrays out; torch CPU tensors in give torch tensors
 out that support autograd, their backward computed by mha's C++ backward.
 Errors from C++ arrive as ValueError (bad arguments: ShapeError, DtypeError,
-ArgumentError are its subclasses) or RuntimeError, with the C++ message.
+ArgumentError are its subclasses), RuntimeError (FormatError, ...), ArithmeticError
+(NumericalError: a diverged training step) or MemoryError, with the C++ message.
 """
 from . import _mha
-from ._mha import ArgumentError, DeviceError, DtypeError, FormatError, ShapeError, StateError
+from ._mha import (ArgumentError, DeviceError, DtypeError, FormatError, MemoryError, NumericalError, ShapeError,
+                   StateError)
+from ._mha import memory_limit, set_memory_limit
 from . import functional
 
 try:
@@ -21,4 +24,5 @@ else:
     from . import nn
 
 __all__ = ["functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
-           "StateError", "FormatError"]
+           "StateError", "FormatError", "NumericalError", "MemoryError",
+           "memory_limit", "set_memory_limit"]

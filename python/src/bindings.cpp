@@ -7,6 +7,7 @@
 #include "layers.h"
 #include "mha/attention.h"
 #include "mha/errors.h"
+#include "mha/memory.h"
 
 namespace py = pybind11;
 using namespace mha;
@@ -90,7 +91,13 @@ PYBIND11_MODULE(_mha, m) {
   py::register_exception<DeviceError>(m, "DeviceError", PyExc_RuntimeError);
   py::register_exception<StateError>(m, "StateError", PyExc_RuntimeError);
   py::register_exception<FormatError>(m, "FormatError", PyExc_RuntimeError);
+  py::register_exception<NumericalError>(m, "NumericalError", PyExc_ArithmeticError);
+  py::register_exception<MemoryError>(m, "MemoryError", PyExc_MemoryError);
 
+  m.def("set_memory_limit", &set_memory_limit, py::arg("bytes"),
+        "Caps the tensor memory mha holds at once (0: the machine's memory); a larger tensor raises MemoryError "
+        "before anything is allocated.");
+  m.def("memory_limit", &memory_limit, "The tensor memory limit in bytes.");
   m.def("attention_forward", &forward, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("attn_mask") = py::none(), py::arg("causal") = "none", py::arg("window_left") = -1,
         py::arg("window_right") = -1, py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0,

@@ -1,5 +1,6 @@
 // The host allocator with a cache of large blocks (policy in allocator.h).
 #include "cpu/allocator.h"
+#include "mha/errors.h"
 
 #include <malloc.h>
 
@@ -8,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 
 namespace mha::cpu {
@@ -36,7 +38,9 @@ Cache& cache() {
 
 void* aligned(size_t bytes) {
   void* p = std::aligned_alloc(64, bytes);
-  if (!p) throw std::bad_alloc();
+  if (!p)
+    throw MemoryError("[mha::cpu::host_allocate] bytes: expected an allocation the system grants; got a refusal of " +
+                      std::to_string(bytes) + " bytes");
   return p;
 }
 

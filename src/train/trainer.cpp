@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 
 #include "check.h"
@@ -93,6 +94,21 @@ int64_t target_count(const Batch& b) {
 
 }  // namespace
 
+void guard_step(const char* fn, int64_t step, double loss, double norm, const std::vector<nn::NamedParameter>& params) {
+  if (std::isfinite(loss) && std::isfinite(norm)) return;
+  std::string culprit = "every gradient is finite (the loss alone is not)";
+  for (const nn::NamedParameter& p : params)
+    if (const int64_t at = p.grad ? first_non_finite(*p.grad) : -1; at >= 0) {
+      culprit = "the first parameter with a non-finite gradient is " + p.name + " (element " + std::to_string(at) +
+                " of " + std::to_string(p.grad->numel()) + ": " +
+                std::to_string(p.grad->contiguous().to_vector()[size_t(at)]) + ")";
+      break;
+    }
+  throw NumericalError("[" + std::string(fn) + "] step " + std::to_string(step) + ": the loss is " +
+                       std::to_string(loss) + " and the gradient norm " + std::to_string(norm) + "; " + culprit +
+                       ". The step was not applied: the parameters are those after step " + std::to_string(step - 1));
+}
+
 // Micro-batch i contributes (its mean loss gradient) · count_i / Σ count, so
 // the sum is the gradient of the mean over every target of the step.
 StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro) {
@@ -175,7 +191,10 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
     for (int64_t i = 0; i < c.batch_size * c.accumulate; ++i) examples.push_back(data.sample(gen));
     opt.set_lr(optim::warmup_cosine(step, c.warmup, c.steps, c.lr, c.min_lr));
     const StepLoss loss = accumulate_gradients(model, examples, c.batch_size);
-    optim::clip_grad_norm(params, c.clip);
+    const double norm = optim::clip_grad_norm(params, c.clip);
+    // The guard: a step whose loss or gradient is not finite would write NaN
+    // into every parameter. Stop before the update, naming what went wrong.
+    guard_step(fn, step + 1, loss.loss, norm, params);
     opt.step();
     s.step = step + 1;
     s.train_seconds += std::chrono::duration<double>(clock::now() - t0).count();

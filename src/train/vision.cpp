@@ -59,7 +59,7 @@ TrainResult train_digits(nn::VisionTransformer& model, const DigitSplit& data, c
     model.zero_grad();
     const nn::CrossEntropyResult loss = nn::cross_entropy(model.forward(images), labels_tensor(data.train, index));
     model.backward(loss.dlogits);
-    optim::clip_grad_norm(params, c.clip);
+    guard_step("mha::train::train_digits", step + 1, loss.loss, optim::clip_grad_norm(params, c.clip), params);
     opt.step();
     seconds += std::chrono::duration<double>(clock::now() - t0).count();
     tokens += double(c.batch_size * tokens_per_image);

@@ -212,3 +212,30 @@ def test_errors_are_value_errors_with_the_cpp_message():
     with pytest.raises(RuntimeError, match="weights"):
         qt = torch.randn(1, 3, 4, requires_grad=True)
         F.attention(qt, qt, qt, return_weights=True)[1].sum().backward()
+
+
+def test_nan_propagates_as_in_pytorch():
+    # One NaN in a key reaches every output; one in a value, its column of every output.
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    k[0, 0, 2, 1] = float("nan")
+    out = mha.functional.scaled_dot_product_attention(q, k, v)
+    want = torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v  # PyTorch's math path
+    assert torch.equal(out.isnan(), want.isnan()) and out[0, 0].isnan().all() and not out[0, 1].isnan().any()
+    # A causally excluded NaN key changes nothing: only the mask decides what is masked.
+    k = torch.randn(1, 2, 5, 4)
+    k[0, 0, 4, 0] = float("nan")
+    out = mha.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out[0, 0, :4].isfinite().all() and out[0, 0, 4].isnan().all()
+
+
+def test_memory_limit_raises_memory_error_before_allocating():
+    limit = mha.memory_limit()
+    mha.set_memory_limit(1 << 20)
+    try:
+        q = np.zeros((1, 1, 600, 4), np.float32)
+        with pytest.raises(MemoryError, match=r"shape \(1, 1, 600, 600\) of float32"):
+            mha._mha.attention_forward(q, q, q, return_weights=True)
+        assert issubclass(mha.MemoryError, MemoryError)
+    finally:
+        mha.set_memory_limit(0)
+    assert mha.memory_limit() == limit

@@ -55,6 +55,16 @@ struct TrainResult {
 // Trains from scratch, or continues from *state when it holds a step > 0; on
 // return *state (if given) is where the run stopped. on_checkpoint gets the
 // state after every checkpoint_every steps (to save it with the model).
+// The training guard, for any loop: throws NumericalError when the loss or
+// the gradient norm of step `step` (counted from 1) is not finite, naming the
+// first of `params` whose gradient holds a NaN or infinity. Call it before the
+// optimizer's step, so that the parameters stay finite.
+void guard_step(const char* fn, int64_t step, double loss, double grad_norm,
+                const std::vector<nn::NamedParameter>& params);
+
+// A step whose loss or gradient norm is not finite throws NumericalError
+// naming the step and the first parameter whose gradient is not finite,
+// before the update: the parameters stay those of the step before.
 TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& config,
                   const std::function<void(const TrainProgress&)>& on_progress = {}, TrainState* state = nullptr,
                   const std::function<void(const TrainState&)>& on_checkpoint = {});
