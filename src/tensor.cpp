@@ -460,23 +460,36 @@ int64_t first_non_finite(const Tensor& t) {
   });
 }
 
+namespace {
+
+// Branch-free scans on the bits (they vectorise): an exponent of all ones is
+// NaN or ±inf; with minus_inf_ok, the one pattern of -inf is let through.
+template <class Bits>
+bool bits_finite(const void* data, int64_t n, Bits exponent, Bits minus_inf, bool minus_inf_ok) {
+  const Bits* x = static_cast<const Bits*>(data);
+  Bits bad = 0;
+  if (minus_inf_ok)
+    for (int64_t i = 0; i < n; ++i) bad |= Bits((x[i] & exponent) == exponent && x[i] != minus_inf);
+  else
+    for (int64_t i = 0; i < n; ++i) bad |= Bits((x[i] & exponent) == exponent);
+  return bad == 0;
+}
+
+}  // namespace
+
 bool all_finite(const Tensor& t, bool minus_inf_ok) {
   backend_for(t.device(), "mha::all_finite");
   if (!t.is_contiguous()) return all_finite(t.contiguous(), minus_inf_ok);
-  return dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, int64_t>) return true;
-    else {
-      using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-      const T* x = t.data<T>();
-      bool bad = false;  // or-ed without branches, so the loop vectorises; x - x is 0 exactly for finite x
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-        const A v = load_as<A>(x[i]);
-        bad |= minus_inf_ok ? (v != v) | (v == A(INFINITY)) : !(v - v == A(0));
-      }
-      return !bad;
-    }
-  });
+  const void* x = t.raw_data();
+  switch (t.dtype()) {
+    case DType::float32: return bits_finite<uint32_t>(x, t.numel(), 0x7f800000u, 0xff800000u, minus_inf_ok);
+    case DType::float64:
+      return bits_finite<uint64_t>(x, t.numel(), 0x7ff0000000000000ull, 0xfff0000000000000ull, minus_inf_ok);
+    case DType::bfloat16: return bits_finite<uint16_t>(x, t.numel(), 0x7f80u, 0xff80u, minus_inf_ok);
+    case DType::boolean:
+    case DType::int64: break;
+  }
+  return true;
 }
 
 }  // namespace mha

@@ -77,7 +77,8 @@ TEST_P(LayerKernels, ActivationsPropagateNaN) {
 }
 
 TEST_P(LayerKernels, LayerNormMatchesReference) {
-  for (auto [rows, D] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {9, 33}, {70, 259}}) {
+  for (auto [rows_, D_] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {9, 33}, {70, 259}}) {
+    const int64_t rows = rows_, D = D_;  // lambdas below capture them (clang 14 cannot capture bindings)
     for (bool affine : {true, false})
       for (bool with_residual : {false, true}) {
         SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(D) + (affine ? " affine" : "") +

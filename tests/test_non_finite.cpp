@@ -445,9 +445,11 @@ TEST(NonFiniteVariants, LshNeverHidesANaN) {
           // or its own value (when it reads none).
           const bool own = i == j && (which == 0) != reads_none(r[size_t(i)]);
           if (!r[size_t(i)][size_t(j)] && !own) continue;
-          for (int64_t e = 0; e < Ev; ++e)
-            if (which == 0 || e == 1)
+          for (int64_t e = 0; e < Ev; ++e) {
+            if (which == 0 || e == 1) {
               EXPECT_FALSE(std::isfinite(f.out.item({0, i, e}))) << (which ? "v" : "q") << j << " out " << i << "," << e;
+            }
+          }
           for (int64_t e = 0; e < E; ++e)
             EXPECT_FALSE(std::isfinite(g.dquery.item({0, i, e}))) << (which ? "v" : "q") << j << " dq " << i << "," << e;
         }

@@ -84,6 +84,10 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  write_file_atomically(path, serialize_safetensors(tensors, metadata));
+}
+
+std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::map<std::string, std::string> meta = metadata;
   for (const auto& [key, value] : metadata)
@@ -109,13 +113,16 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (int i = 0; i < 8; ++i) file[size_t(i)] = char((n >> (8 * i)) & 0xff);
   file += json;
   file += data;
-  write_file_atomically(path, file);
+  return file;
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw FormatError(std::string("[") + kLoad + "] " + path + ": cannot open");
-  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_safetensors(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()), path);
+}
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& path) {
   if (bytes.size() < 8) corrupt(path, "expected at least 8 bytes (the header length); got " + std::to_string(bytes.size()));
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);

@@ -275,6 +275,10 @@ LoadedCheckpoint load_training_checkpoint(const std::string& dir, const LoadOpti
   return out;
 }
 
+Checkpoint parse_checkpoint_config(const std::string& text, const std::string& path) {
+  return parse_config(parse_json(text, path), path);
+}
+
 LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& options) {
   const std::string config_path = dir + "/config.json";
   std::ifstream f(config_path);

@@ -38,8 +38,9 @@ std::string read_gzip(const std::string& path) {
 
 }  // namespace
 
-DigitImages load_digits(const std::string& path) {
-  const std::string text = read_gzip(path);
+DigitImages load_digits(const std::string& path) { return parse_digits(read_gzip(path), path); }
+
+DigitImages parse_digits(const std::string& text, const std::string& path) {
   std::vector<float> pixels;
   DigitImages out;
   size_t line_start = 0;

@@ -32,6 +32,8 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+// The file's bytes, in memory.
+std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsFile {
   std::map<std::string, Tensor> tensors;
@@ -47,6 +49,8 @@ std::string checksum_key(const std::string& tensor);
 uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc = 0);
 
 SafetensorsFile load_safetensors(const std::string& path);
+// The same from the file's bytes in memory; `path` names them in messages.
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& path);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename).
 void write_file_atomically(const std::string& path, const std::string& bytes);

@@ -54,6 +54,10 @@ struct LoadOptions {
   bool allow_non_finite = false;
 };
 
+// The config.json text of a checkpoint (FormatError naming `path` when it is
+// not one). The model it describes is validated when built.
+Checkpoint parse_checkpoint_config(const std::string& text, const std::string& path);
+
 // Weights and config (for eval, viz, generate).
 LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& options = {});
 // From train_state.safetensors: weights, config, optimizer state, and the

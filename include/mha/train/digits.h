@@ -25,6 +25,8 @@ struct DigitImages {
 // Reads the gzip'd CSV; a missing, truncated or malformed file is refused
 // with FormatError naming the line.
 DigitImages load_digits(const std::string& path);
+// The CSV text itself (decompressed); `path` names it in messages.
+DigitImages parse_digits(const std::string& text, const std::string& path);
 
 // Where python3-sklearn put digits.csv.gz when this build was configured, or
 // "" if it was not installed then.

@@ -251,7 +251,34 @@ void force_isa(std::optional<Isa> isa) {
   forced() = isa;
 }
 
-void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
+namespace {
+
+// Whether rows × cols floats, rows `pitch` apart, hold no NaN and no infinity:
+// an exponent of all ones, tested on the bits without a branch so that the
+// loop vectorises (the rows were just written and are in cache).
+bool rows_finite(const float* x, int64_t rows, int64_t cols, int64_t pitch) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = x + i * pitch;
+    for (int64_t e = 0; e < cols; ++e) {
+      uint32_t bits;
+      std::memcpy(&bits, row + e, 4);
+      bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+    }
+  }
+  return bad == 0;
+}
+
+// lse: no NaN and no +inf (-inf is a fully masked row).
+bool lse_finite(const float* l, int64_t rows) {
+  bool bad = false;
+  for (int64_t i = 0; i < rows; ++i) bad |= (l[i] != l[i]) | (l[i] == INFINITY);
+  return !bad;
+}
+
+}  // namespace
+
+bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
   // A query tile no wider than the queries need (in whole vectors): a decoding
   // step's one query per head would otherwise fill 1 of 64 lanes. Each query's
@@ -270,7 +297,8 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const uint32_t threshold = dropout_threshold(p.dropout_p);
   const float drop_scale = float(1.0 / (1.0 - p.dropout_p));
 
-#pragma omp parallel for schedule(dynamic, 1)
+  bool finite = true;
+#pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
   for (int64_t item = 0; item < p.batch * tiles; ++item) {
     const int64_t b = item / tiles, i0 = item % tiles * br, rows = std::min(br, L - i0);
     const DropoutContext drop{p.dropout_seed, uint64_t(b), threshold, drop_scale};
@@ -299,6 +327,7 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     t.lse = lse + b * L + i0;
     t.scratch = thread_scratch(1, flash_forward_scratch(E, Ev, br) + flash_bf16_scratch(br));
     forward_tile(t);
+    finite = finite && rows_finite(t.out, rows, Ev, t.out_row) && lse_finite(t.lse, rows);
     if (!float_out) {
       bfloat16* o = r.out.data<bfloat16>() + (b * L + i0) * Ev;
       for (int64_t x = 0; x < rows * Ev; ++x) o[x] = bfloat16(t.out[x]);
@@ -313,6 +342,7 @@ void flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
       }
     }
   }
+  return finite;
 }
 
 namespace {
@@ -385,7 +415,7 @@ struct BackwardPlan {
 
 }  // namespace
 
-void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOutput& fwd,
+bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOutput& fwd,
                               AttentionGradients& g) {
   const Kernels k = kernels_for(active_isa());
   const int64_t br = kQueryTile, W = k.width, L = p.L, S = p.S, E = p.E, Ev = p.Ev;
@@ -407,14 +437,18 @@ void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
   const int64_t packed = BackwardPlan::packed_floats(plan.L_pad, E, Ev), scratch = flash_backward_scratch(E_pad, Ev_pad, br);
 
+  bool finite = true;  // of every gradient row, checked as each work item finishes its rows
   if (p.batch >= omp_get_max_threads()) {
     // Enough entries for every thread: one entry per work item, start to end.
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
     for (int64_t b = 0; b < p.batch; ++b) {
       const BackwardPlan::Packed d = plan.carve(thread_scratch(0, packed));
       plan.pack(b, d);
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
-      k.backward_head(plan.head(b, d, drop, thread_scratch(1, scratch)));
+      const FlashBackwardHead h = plan.head(b, d, drop, thread_scratch(1, scratch));
+      k.backward_head(h);
+      finite = finite && rows_finite(h.dq, L, E, h.dq_row) && rows_finite(h.dk, S, E, h.dk_row) &&
+               rows_finite(h.dv, S, Ev, h.dv_row);
     }
   } else {
     // Few entries: split each into key tiles (dK, dV) and then query tiles
@@ -433,6 +467,9 @@ void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
       FlashBackwardHead h = plan.head(b, packed_of(b), drop, thread_scratch(1, scratch));
       h.key_begin = j0, h.key_end = j0 + kFlashKeyTile, h.want_dq = false;
       k.backward_head(h);
+      const int64_t cols = std::min(kFlashKeyTile, S - j0);
+      finite = finite && rows_finite(h.dk + j0 * h.dk_row, cols, E, h.dk_row) &&
+               rows_finite(h.dv + j0 * h.dv_row, cols, Ev, h.dv_row);
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < p.batch * tiles; ++item) {
@@ -441,6 +478,7 @@ void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
       FlashBackwardHead h = plan.head(b, packed_of(b), drop, thread_scratch(1, scratch));
       h.query_begin = i0, h.query_end = i0 + br, h.want_dkdv = false;
       k.backward_head(h);
+      finite = finite && rows_finite(h.dq + i0 * h.dq_row, std::min(br, L - i0), E, h.dq_row);
     }
   }
   if (!direct_q) {  // drop the padding, then fold
@@ -451,6 +489,7 @@ void flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   }
   if (!direct_k) store_reduced(dk_full, p, g.dkey);
   if (!direct_v) store_reduced(dv_full, p, g.dvalue);
+  return finite;
 }
 
 }  // namespace mha::cpu

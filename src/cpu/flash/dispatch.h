@@ -22,8 +22,11 @@ Isa active_isa();
 // default). Throws DeviceError when the CPU does not support it.
 void force_isa(std::optional<Isa> isa);
 
-void flash_attention_forward(const AttentionParams& p, AttentionOutput& r);
-void flash_attention_backward(const AttentionParams& p, const Tensor& dout, const AttentionOutput& fwd,
+// Both return whether every result is finite (an lse of -inf, a fully masked
+// row, counts as finite), checked on each tile as it is written, while it is
+// in cache; false sends the call to the reference path (cpu/backend.cpp).
+bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r);
+bool flash_attention_backward(const AttentionParams& p, const Tensor& dout, const AttentionOutput& fwd,
                               AttentionGradients& g);
 
 }  // namespace mha::cpu
