@@ -10,6 +10,8 @@ MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libg
 # a headless browser that opens the attention page (VizBrowser.* in tests/test_viz.cpp),
 # and scikit-learn for its 8×8 digits (`mha train --task digits`, tests/test_vision.cpp).
 MHA_TEST_PACKAGES=(python3-torch python3-pytest python3-matplotlib chromium python3-sklearn)
+# The sanitizer and fuzzing build: clang with libFuzzer, its OpenMP runtime.
+MHA_SANITIZE_PACKAGES=(clang-14 libclang-rt-14-dev libomp-14-dev)
 
 # Prints those of the given packages that are not installed.
 mha_missing_packages() {
@@ -39,6 +41,13 @@ mha_build() {
   shift
   cmake -S "$MHA_ROOT" -B "$MHA_ROOT/$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
   cmake --build "$MHA_ROOT/$dir" -j"$(nproc)"
+}
+
+# build-sanitize: clang, AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# libFuzzer targets (fuzz/) with the coverage that guides them.
+mha_build_sanitize() {
+  CC=clang-14 CXX=clang++-14 mha_build build-sanitize -DMHA_BUILD_TESTS=ON -DMHA_BUILD_PYTHON=OFF -DMHA_BUILD_BENCH=OFF \
+    -DMHA_SANITIZE=ON -DMHA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 }
 
 MHA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

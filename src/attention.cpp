@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "attention_params.h"
@@ -148,6 +149,10 @@ AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
 
   if (o.scale && !std::isfinite(*o.scale))
     raise<ValueError>(fn, "scale", "a finite number", std::to_string(*o.scale));
+  // float32 and bfloat16 compute in float32: a scale beyond its range would be infinite there.
+  if (o.scale && p.compute == DType::float32 && !(std::abs(*o.scale) <= double(std::numeric_limits<float>::max())))
+    raise<ValueError>(fn, "scale", "a number finite in float32 (the compute dtype of " + to_string(p.dtype) + " inputs)",
+                      std::to_string(*o.scale));
   p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(p.E));
   if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
     raise<ValueError>(fn, "dropout_p", "a probability in [0, 1)", std::to_string(o.dropout_p));

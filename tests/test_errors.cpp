@@ -74,6 +74,10 @@ TEST(Errors, AttentionArguments) {
     expect_error<ValueError>([&] { attention_forward(q, k, v, {.dropout_p = p}); }, {fn, "dropout_p", "[0, 1)"});
   for (double s : {double(INFINITY), double(NAN)})
     expect_error<ValueError>([&] { attention_forward(q, k, v, {.scale = s}); }, {fn, "scale", "finite"});
+  // Found by fuzz_attention: a scale finite in double but not in float32 made every logit infinite.
+  expect_error<ValueError>([&] { attention_forward(q, k, v, {.scale = -1e300}); },
+                           {fn, "scale: expected a number finite in float32 (the compute dtype of float32 inputs)"});
+  EXPECT_NO_THROW(attention_forward(q.to(DType::float64), k.to(DType::float64), v.to(DType::float64), {.scale = -1e300}));
 }
 
 TEST(Errors, AttentionBackwardArguments) {

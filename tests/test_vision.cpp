@@ -92,6 +92,11 @@ TEST(Digits, CorruptFilesAreRefused) {
   EXPECT_THROW(train::load_digits(write_gz("pixel.csv.gz", "99," + row.substr(2) + "1\n")), FormatError);
   EXPECT_THROW(train::load_digits(write_gz("text.csv.gz", row + "x\n")), FormatError);
   EXPECT_THROW(train::load_digits(dir + "/missing.csv.gz"), FormatError);
+  // A line that ends in a tab: strtol would skip it and the newline and read the next line's first value.
+  std::string row63;
+  for (int i = 0; i < 63; ++i) row63 += "3,";
+  // (Before the fix the first line took the second's 5 as its label, and both lines loaded.)
+  EXPECT_THROW(train::parse_digits(row63 + "7,\t\n5," + row63 + "1\n", "tab"), FormatError);
   // A gzip stream cut in the middle.
   const std::string whole = read_bytes(write_gz("whole.csv.gz", row + "7\n" + row + "2\n"));
   std::FILE* f = std::fopen((dir + "/cut.csv.gz").c_str(), "wb");

@@ -55,7 +55,8 @@ DigitImages parse_digits(const std::string& text, const std::string& path) {
     while (p < stop) {
       char* next = nullptr;
       const long v = std::strtol(p, &next, 10);
-      if (next == p) bad(path, "line " + std::to_string(line) + ": expected integers separated by commas");
+      // strtol skips leading whitespace, newlines too: a number it finds past the line's end is not this line's.
+      if (next == p || next > stop) bad(path, "line " + std::to_string(line) + ": expected integers separated by commas");
       values.push_back(v);
       p = next;
       if (p < stop && *p == ',') ++p;
