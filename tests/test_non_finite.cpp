@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <tuple>
 
 #include "cpu/flash/dispatch.h"
 #include "testing.h"
@@ -399,61 +400,91 @@ TEST(NonFiniteVariants, AxialFusedEqualsReference) {
   EXPECT_GT(nan_outputs, 0);
 }
 
-// LSH multiplies each chunk whole, so a NaN may also reach rows of its chunk
-// that do not attend to it; it never vanishes: every output whose definition
-// reads the element is NaN. The keys each query reads, from the buckets:
-// its sorted chunk and the one before, itself excluded (causal: earlier
-// positions only); a query with none reads its own value.
-TEST(NonFiniteVariants, LshNeverHidesANaN) {
+// LSH: the keys each query reads come from the buckets — its sorted chunk and
+// the one before in each round, itself excluded (causal: earlier positions
+// only); a query with none reads its own value. The query is its own key's
+// source (k = q / |q|), so a NaN in q_j reaches the rows that read key j and
+// row j itself, and through dk and the normalisation the dq of the keys those
+// rows read. A NaN query also hashes anywhere: its run has other buckets than
+// the clean one, so there only the pattern is checked, not the values.
+TEST(NonFiniteVariants, LshIsExact) {
   const int64_t L = 12, E = 3, Ev = 2;
-  const LshOptions o{.buckets = 4, .hashes = 2, .chunk = 3};
   for (bool causal : {false, true}) {
-    LshOptions oc = o;
-    oc.causal = causal;
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    const LshOptions o{.buckets = 4, .hashes = 2, .chunk = 3, .causal = causal};
     const Tensor q = random_tensor({1, L, E}, 1, DType::float32), v = random_tensor({1, L, Ev}, 2, DType::float32),
                  dout = random_tensor({1, L, Ev}, 3, DType::float32);
-    const auto reads = [&](const Tensor& qq) {  // reads[i]: the keys query i reads
-      const std::vector<double> h = lsh_buckets(qq, oc).to_vector();
+    const auto reads = [&](const Tensor& qq) {  // reads[i][j]: query i reads key j
+      const std::vector<double> h = lsh_buckets(qq, o).to_vector();
       std::vector<std::vector<uint8_t>> r(L, std::vector<uint8_t>(L, 0));
-      for (int64_t round = 0; round < oc.hashes; ++round) {
+      for (int64_t round = 0; round < o.hashes; ++round) {
         std::vector<int64_t> order(L);
         for (int64_t i = 0; i < L; ++i) order[size_t(i)] = i;
         std::stable_sort(order.begin(), order.end(),
                          [&](int64_t a, int64_t b) { return h[size_t(round * L + a)] < h[size_t(round * L + b)]; });
-        const int64_t chunks = (L + oc.chunk - 1) / oc.chunk;
+        const int64_t chunks = (L + o.chunk - 1) / o.chunk;
         for (int64_t p = 0; p < L; ++p)
-          for (int64_t sc : {p / oc.chunk, (p / oc.chunk + chunks - 1) % chunks})
-            for (int64_t x = sc * oc.chunk; x < std::min(L, (sc + 1) * oc.chunk); ++x) {
+          for (int64_t sc : {p / o.chunk, (p / o.chunk + chunks - 1) % chunks})
+            for (int64_t x = sc * o.chunk; x < std::min(L, (sc + 1) * o.chunk); ++x) {
               const int64_t i = order[size_t(p)], j = order[size_t(x)];
               if (j != i && (!causal || j < i)) r[size_t(i)][size_t(j)] = 1;
             }
       }
       return r;
     };
-    const auto reads_none = [](const std::vector<uint8_t>& keys) { return std::find(keys.begin(), keys.end(), 1) == keys.end(); };
+    const auto none = [](const std::vector<uint8_t>& keys) { return std::find(keys.begin(), keys.end(), 1) == keys.end(); };
+    const auto run = [&](const Tensor& qq, const Tensor& vv) {
+      const LshOutput f = lsh_attention_forward(qq, vv, o);
+      const LshGradients g = lsh_attention_backward(dout, qq, vv, f, o);
+      return Results{f.out.to_vector(), f.lse.to_vector(), g.dquery.to_vector(), {}, g.dvalue.to_vector()};
+    };
+    const Results clean = run(q, v);
+    Checker checker{clean, 2e-5};
     for (int which : {0, 2})
-      for (int64_t j = 0; j < L; ++j) {
-        Tensor bad = (which == 0 ? q : v).clone();
-        bad.set_item({0, j, 1}, NAN);
-        const Tensor& qq = which == 0 ? bad : q;
-        const Tensor& vv = which == 2 ? bad : v;
-        const LshOutput f = lsh_attention_forward(qq, vv, oc);
-        const LshGradients g = lsh_attention_backward(dout, qq, vv, f, oc);
-        const auto r = reads(qq);
-        for (int64_t i = 0; i < L; ++i) {
-          // Row i reads element j as a key's query or value, or as its own query (when it reads a key)
-          // or its own value (when it reads none).
-          const bool own = i == j && (which == 0) != reads_none(r[size_t(i)]);
-          if (!r[size_t(i)][size_t(j)] && !own) continue;
-          for (int64_t e = 0; e < Ev; ++e) {
-            if (which == 0 || e == 1) {
-              EXPECT_FALSE(std::isfinite(f.out.item({0, i, e}))) << (which ? "v" : "q") << j << " out " << i << "," << e;
+      for (int64_t j = 0; j < L; ++j)
+        for (int64_t col = 0; col < (which == 0 ? E : Ev); ++col) {
+          Tensor bad = (which == 0 ? q : v).clone();
+          bad.set_item({0, j, col}, NAN);
+          const Results got = run(which == 0 ? bad : q, which == 2 ? bad : v);
+          const auto r = reads(which == 0 ? bad : q);
+          std::vector<uint8_t> out(static_cast<size_t>(L * Ev)), lse(static_cast<size_t>(L)), dq(static_cast<size_t>(L * E)),
+              dv(static_cast<size_t>(L * Ev));
+          std::vector<int64_t> rows;  // whose dS is NaN
+          for (int64_t i = 0; i < L; ++i)
+            if (r[size_t(i)][size_t(j)] || (which == 0 && i == j && !none(r[size_t(i)]))) rows.push_back(i);
+          for (int64_t i : rows) {
+            for (int64_t e = 0; e < Ev; ++e)
+              if (which == 0 || e == col) out[size_t(i * Ev + e)] = 1;
+            if (which == 0) lse[size_t(i)] = 1;
+            for (int64_t e = 0; e < E; ++e) dq[size_t(i * E + e)] = 1;
+            for (int64_t k = 0; k < L; ++k) {
+              if (!r[size_t(i)][size_t(k)]) continue;
+              for (int64_t e = 0; e < E; ++e) dq[size_t(k * E + e)] = 1;  // through dk_k
+              if (which == 0)
+                for (int64_t e = 0; e < Ev; ++e) dv[size_t(k * Ev + e)] = 1;
             }
           }
-          for (int64_t e = 0; e < E; ++e)
-            EXPECT_FALSE(std::isfinite(g.dquery.item({0, i, e}))) << (which ? "v" : "q") << j << " dq " << i << "," << e;
+          if (which == 0) {  // |q_j| is NaN: its own lse (scale·|q_j| when it reads nothing) and dq
+            lse[size_t(j)] = 1;
+            for (int64_t e = 0; e < E; ++e) dq[size_t(j * E + e)] = 1;
+          } else if (none(r[size_t(j)])) {
+            out[size_t(j * Ev + col)] = 1;  // out_j = v_j
+          }
+          const std::string where = std::string("NaN in ") + (which ? "v" : "q") + "[" + std::to_string(j) + "," +
+                                    std::to_string(col) + "]";
+          if (which == 0) {  // other buckets: the pattern only
+            for (auto [name, x, m] : {std::tuple{"out", &got.out, &out}, {"lse", &got.lse, &lse}, {"dq", &got.dq, &dq},
+                                      {"dv", &got.dv, &dv}})
+              for (size_t y = 0; y < x->size(); ++y)
+                EXPECT_EQ(!std::isfinite((*x)[y]), bool((*m)[y])) << where << " " << name << "[" << y << "]";
+            continue;
+          }
+          checker.check("out", got.out, clean.out, out, where, false);
+          checker.check("lse", got.lse, clean.lse, lse, where, true);
+          checker.check("dq", got.dq, clean.dq, dq, where, false);
+          checker.check("dv", got.dv, clean.dv, dv, where, false);
         }
-      }
+    EXPECT_EQ(checker.mismatches, 0);
   }
 }
 

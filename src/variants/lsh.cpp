@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "finite.h"
 #define MHA_ISA_NAMESPACE variants_portable
 #include "cpu/simd/vec.h"
 #include "mha/random.h"
@@ -429,6 +430,125 @@ void backward_entry(const Call& c, const T* Q, const T* V, const T* out, const T
   }
 }
 
+// ---- The definition, query by query -------------------------------------------
+//
+// For inputs that hold a NaN or infinity. The chunk products multiply the
+// self and causal exclusions as weight 0 (0·NaN = NaN) and so cannot say which
+// rows depend on a non-finite input; here each query reads only its keys, so a
+// NaN reaches exactly the outputs and gradients whose formula reads it.
+// O(L·keys·(E + Ev)).
+
+// The keys each query reads, with how many rounds give it each: its sorted
+// chunk and the one before, itself excluded (causal: earlier positions only).
+template <class T>
+std::vector<std::vector<std::pair<int64_t, int>>> key_counts(const Call& c, const T* Q) {
+  const int64_t L = c.L;
+  const Chunks ch(L, c.o.chunk);
+  std::vector<std::vector<int64_t>> read(static_cast<size_t>(L));  // every key read, once a round that gives it
+  Buffer<int64_t> bucket(L), order(L);
+  for (int64_t r = 0; r < c.o.hashes; ++r) {
+    hash_round(c, r, Q, bucket.data());
+    sort_by_bucket(bucket.data(), L, c.o.buckets, order.data());
+    for (int64_t cc = 0; cc < ch.count; ++cc)
+      for (int64_t a = ch.begin(cc); a < ch.begin(cc) + ch.size(cc); ++a)
+        for (int64_t seen : {cc, ch.previous(cc)}) {
+          if (seen < 0) continue;
+          for (int64_t x = ch.begin(seen); x < ch.begin(seen) + ch.size(seen); ++x) {
+            const int64_t i = order[a], j = order[x];
+            if (j != i && (!c.o.causal || j < i)) read[size_t(i)].push_back(j);
+          }
+        }
+  }
+  std::vector<std::vector<std::pair<int64_t, int>>> keys(static_cast<size_t>(L));
+  for (int64_t i = 0; i < L; ++i) {
+    std::vector<int64_t>& r = read[size_t(i)];
+    std::sort(r.begin(), r.end());
+    for (size_t x = 0; x < r.size(); ++x)
+      if (x == 0 || r[x] != r[x - 1]) keys[size_t(i)].push_back({r[x], 1});
+      else ++keys[size_t(i)].back().second;
+  }
+  return keys;
+}
+
+template <class T>
+T dot(const T* x, const T* y, int64_t n) {
+  T s = 0;
+  for (int64_t e = 0; e < n; ++e) s += x[e] * y[e];
+  return s;
+}
+
+template <class T>
+void forward_exact(const Call& c, const T* Q, const T* V, T* out, T* lse) {
+  const int64_t L = c.L, E = c.E, Ev = c.Ev;
+  const T scale = T(c.scale);
+  const auto keys = key_counts(c, Q);
+  Buffer<T> norms(L), k(L * E);
+  row_norms(c, Q, norms);
+  for (int64_t j = 0; j < L; ++j) normalise(Q + j * E, norms[j], E, &k[j * E]);
+  for (int64_t i = 0; i < L; ++i) {
+    T* o = out + i * Ev;
+    if (keys[size_t(i)].empty()) {  // nothing but itself: weight 1 on its own value
+      std::copy(V + i * Ev, V + (i + 1) * Ev, o);
+      lse[i] = scale * norms[i];
+      continue;
+    }
+    T max = -INFINITY;
+    bool nan = false;
+    for (auto [j, n] : keys[size_t(i)]) {
+      const T s = scale * dot(Q + i * E, &k[j * E], E);
+      if (s != s) nan = true;
+      else if (s > max) max = s;
+    }
+    if (nan) max = T(NAN);
+    T sum = 0;
+    std::fill(o, o + Ev, T(0));
+    for (auto [j, n] : keys[size_t(i)]) {
+      const T w = T(n) * std::exp(scale * dot(Q + i * E, &k[j * E], E) - max);
+      sum += w;
+      for (int64_t e = 0; e < Ev; ++e) o[e] += w * V[j * Ev + e];
+    }
+    for (int64_t e = 0; e < Ev; ++e) o[e] /= sum;
+    lse[i] = max + std::log(sum);
+  }
+}
+
+// P_ij = n_ij e^(s_ij - lse_i), dS_ij = P_ij (dout_i·v_j - dout_i·out_i);
+// dq_i += scale dS_ij k_j, dk_j += scale dS_ij q_i, dv_j += P_ij dout_i; then
+// through k = q / |q|: dq_j += (dk_j - k_j (k_j·dk_j)) / |q_j|.
+template <class T>
+void backward_exact(const Call& c, const T* Q, const T* V, const T* out, const T* lse, const T* dout, T* dq, T* dv) {
+  const int64_t L = c.L, E = c.E, Ev = c.Ev;
+  const T scale = T(c.scale);
+  const auto keys = key_counts(c, Q);
+  Buffer<T> norms(L), k(L * E), dk(L * E, T(0));
+  row_norms(c, Q, norms);
+  for (int64_t j = 0; j < L; ++j) normalise(Q + j * E, norms[j], E, &k[j * E]);
+  std::fill(dq, dq + L * E, T(0));
+  std::fill(dv, dv + L * Ev, T(0));
+  for (int64_t i = 0; i < L; ++i) {
+    const T* d = dout + i * Ev;
+    if (keys[size_t(i)].empty()) {  // out_i = v_i
+      for (int64_t e = 0; e < Ev; ++e) dv[i * Ev + e] += d[e];
+      continue;
+    }
+    const T D = dot(d, out + i * Ev, Ev);
+    for (auto [j, n] : keys[size_t(i)]) {
+      const T p = T(n) * std::exp(scale * dot(Q + i * E, &k[j * E], E) - lse[i]);
+      const T ds = p * (dot(d, V + j * Ev, Ev) - D);
+      for (int64_t e = 0; e < E; ++e) {
+        dq[i * E + e] += scale * ds * k[j * E + e];
+        dk[j * E + e] += scale * ds * Q[i * E + e];
+      }
+      for (int64_t e = 0; e < Ev; ++e) dv[j * Ev + e] += p * d[e];
+    }
+  }
+  for (int64_t j = 0; j < L; ++j) {
+    if (norms[j] == T(0)) continue;
+    const T kd = dot(&k[j * E], &dk[j * E], E);
+    for (int64_t e = 0; e < E; ++e) dq[j * E + e] += (dk[j * E + e] - k[j * E + e] * kd) / norms[j];
+  }
+}
+
 }  // namespace
 
 LshOutput lsh_attention_forward(const Tensor& query, const Tensor& value, const LshOptions& options) {
@@ -443,6 +563,10 @@ LshOutput lsh_attention_forward(const Tensor& query, const Tensor& value, const 
     for (int64_t b = 0; b < c.batch; ++b)
       forward_entry<T>(c, q.data<T>() + b * c.L * c.E, v.data<T>() + b * c.L * c.Ev, r.out.data<T>() + b * c.L * c.Ev,
                        r.lse.data<T>() + b * c.L);
+    if (!all_finite(r.out) || !all_finite(r.lse))  // a NaN or infinity: the exact definition instead
+      for (int64_t b = 0; b < c.batch; ++b)
+        forward_exact<T>(c, q.data<T>() + b * c.L * c.E, v.data<T>() + b * c.L * c.Ev, r.out.data<T>() + b * c.L * c.Ev,
+                         r.lse.data<T>() + b * c.L);
   });
   return r;
 }
@@ -463,6 +587,11 @@ LshGradients lsh_attention_backward(const Tensor& dout, const Tensor& query, con
       backward_entry<T>(c, q.data<T>() + b * c.L * c.E, v.data<T>() + b * c.L * c.Ev, o.data<T>() + b * c.L * c.Ev,
                         lse.data<T>() + b * c.L, d.data<T>() + b * c.L * c.Ev, g.dquery.data<T>() + b * c.L * c.E,
                         g.dvalue.data<T>() + b * c.L * c.Ev);
+    if (!all_finite(g.dquery) || !all_finite(g.dvalue))
+      for (int64_t b = 0; b < c.batch; ++b)
+        backward_exact<T>(c, q.data<T>() + b * c.L * c.E, v.data<T>() + b * c.L * c.Ev, o.data<T>() + b * c.L * c.Ev,
+                          lse.data<T>() + b * c.L, d.data<T>() + b * c.L * c.Ev, g.dquery.data<T>() + b * c.L * c.E,
+                          g.dvalue.data<T>() + b * c.L * c.Ev);
   });
   return g;
 }
