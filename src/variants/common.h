@@ -103,4 +103,12 @@ void check_saved(const Tensor& dout, const Shape& shape, std::initializer_list<s
 // Adds src (any strides, the shape of dst) into dst (contiguous, same dtype).
 void add_into(Tensor& dst, const Tensor& src);
 
+// Σ x_e y_e in order (the plain loops of the exact paths).
+template <class T>
+T dot(const T* x, const T* y, int64_t n) {
+  T s = 0;
+  for (int64_t e = 0; e < n; ++e) s += x[e] * y[e];
+  return s;
+}
+
 }  // namespace mha::variants

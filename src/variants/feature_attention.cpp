@@ -84,13 +84,6 @@ bool finite(const T* x, int64_t n) {
   return !bad;
 }
 
-template <class T>
-T dot(const T* x, const T* y, int64_t n) {
-  T s = 0;
-  for (int64_t f = 0; f < n; ++f) s += x[f] * y[f];
-  return s;
-}
-
 // The dense definition, key by key, for inputs that hold a NaN or infinity.
 // The fast forms multiply the causally excluded entries of a chunk as 0
 // (0·NaN = NaN) and so cannot say which rows depend on a non-finite input;

@@ -23,6 +23,7 @@ namespace {
 
 using variants::Buffer;
 using variants::dispatch_real;
+using variants::dot;
 
 struct Call {
   int64_t batch = 1, L = 0, E = 0, Ev = 0;
@@ -468,13 +469,6 @@ std::vector<std::vector<std::pair<int64_t, int>>> key_counts(const Call& c, cons
       else ++keys[size_t(i)].back().second;
   }
   return keys;
-}
-
-template <class T>
-T dot(const T* x, const T* y, int64_t n) {
-  T s = 0;
-  for (int64_t e = 0; e < n; ++e) s += x[e] * y[e];
-  return s;
 }
 
 template <class T>
