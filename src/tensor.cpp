@@ -477,14 +477,28 @@ bool bits_finite(const void* data, int64_t n, Bits exponent, Bits minus_inf, boo
 
 }  // namespace
 
+bool all_finite(const float* x, int64_t n, bool minus_inf_ok) {
+  return bits_finite<uint32_t>(x, n, 0x7f800000u, 0xff800000u, minus_inf_ok);
+}
+
+bool all_finite(const double* x, int64_t n, bool minus_inf_ok) {
+  return bits_finite<uint64_t>(x, n, 0x7ff0000000000000ull, 0xfff0000000000000ull, minus_inf_ok);
+}
+
+bool all_finite(const float* x, int64_t rows, int64_t cols, int64_t pitch) {
+  if (pitch == cols) return all_finite(x, rows * cols);
+  for (int64_t i = 0; i < rows; ++i)
+    if (!all_finite(x + i * pitch, cols)) return false;
+  return true;
+}
+
 bool all_finite(const Tensor& t, bool minus_inf_ok) {
   backend_for(t.device(), "mha::all_finite");
   if (!t.is_contiguous()) return all_finite(t.contiguous(), minus_inf_ok);
   const void* x = t.raw_data();
   switch (t.dtype()) {
-    case DType::float32: return bits_finite<uint32_t>(x, t.numel(), 0x7f800000u, 0xff800000u, minus_inf_ok);
-    case DType::float64:
-      return bits_finite<uint64_t>(x, t.numel(), 0x7ff0000000000000ull, 0xfff0000000000000ull, minus_inf_ok);
+    case DType::float32: return all_finite(static_cast<const float*>(x), t.numel(), minus_inf_ok);
+    case DType::float64: return all_finite(static_cast<const double*>(x), t.numel(), minus_inf_ok);
     case DType::bfloat16: return bits_finite<uint16_t>(x, t.numel(), 0x7f80u, 0xff80u, minus_inf_ok);
     case DType::boolean:
     case DType::int64: break;

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "cpu/flash/dispatch.h"
+#include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
 #include "mha/errors.h"
 
@@ -23,11 +23,8 @@ CBLAS_TRANSPOSE op(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
 // rows × cols bfloat16 values, rows `ld` apart, widened into a compact
 // float32 buffer of this thread (grow-only: no fresh pages in a steady state).
-const float* widen(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld, int slot) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& out = buffers[slot];
-  if (out.size() < size_t(rows * cols)) out.resize(size_t(rows * cols));
-  float* dst = out.data();
+const float* widen(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld, ScratchSlot slot) {
+  float* dst = static_cast<float*>(thread_scratch_bytes(slot, rows * cols * int64_t(sizeof(float))));
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* s = &src[r * ld].bits;
     float* d = dst + r * cols;
@@ -121,8 +118,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
     return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // op(A) is m×k: stored as m rows of k, or (transposed) k rows of m; B likewise.
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-  const float* fa = widen(a, a_rows, a_cols, lda, 0);
-  const float* fb = widen(b, b_rows, b_cols, ldb, 1);
+  const float* fa = widen(a, a_rows, a_cols, lda, ScratchSlot::widen_a);
+  const float* fb = widen(b, b_rows, b_cols, ldb, ScratchSlot::widen_b);
   gemm<float>(ta, tb, m, n, k, alpha, fa, a_cols > 0 ? a_cols : 1, fb, b_cols > 0 ? b_cols : 1, beta, c, ldc);
 }
 

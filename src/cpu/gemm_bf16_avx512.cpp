@@ -38,10 +38,6 @@ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // (lo | hi << 16): the pair (lo, hi) as one 32-bit word, lo first in memory.
 inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-uint32_t* scratch(ScratchSlot slot, int64_t words) {
-  return static_cast<uint32_t*>(thread_scratch_bytes(slot, words * int64_t(sizeof(uint32_t))));
-}
-
 // C (kRowsMicro × kPanel, row stride ldc) (+)= A · P over `depth` pairs.
 template <bool ACC>
 void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t depth) {
@@ -90,7 +86,7 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
   const uint16_t* ab = &a->bits;
   auto b_at = [&](int64_t kk, int64_t j) -> uint16_t { return kk < k ? (tb ? bb[j * ldb + kk] : bb[kk * ldb + j]) : 0; };
   auto a_at = [&](int64_t r, int64_t kk) -> uint16_t { return kk < k ? (ta ? ab[kk * lda + r] : ab[r * lda + kk]) : 0; };
-  uint32_t* packed = scratch(ScratchSlot::bgemm_b, K2 * n_pad);
+  uint32_t* packed = static_cast<uint32_t*>(thread_scratch_bytes(ScratchSlot::bgemm_b, K2 * n_pad * int64_t(sizeof(uint32_t))));
 #pragma omp parallel for schedule(static) if (K2 * n_pad > (int64_t(1) << 15))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
@@ -107,12 +103,14 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
   while (items() < want && tile_cols > kPanel) tile_cols /= 2;
   while (items() < want && tile_rows > kRowsMicro) tile_rows = round_up(tile_rows / 2, kRowsMicro);
   const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
+  // Each thread's packed rows of A, taken before the region (parallel.h).
+  const PerThread row_buffers = per_thread_scratch(ScratchSlot::bgemm_rows, kRows * kDepth2 * int64_t(sizeof(uint32_t)));
 #pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
     const int64_t padded = round_up(rows, kRowsMicro);
-    uint32_t* rows_packed = scratch(ScratchSlot::bgemm_rows, kRows * kDepth2);
+    uint32_t* rows_packed = static_cast<uint32_t*>(own_slice(row_buffers));
     for (int64_t q0 = 0; q0 < K2; q0 += kDepth2) {
       const int64_t depth = min64(kDepth2, K2 - q0);
       for (int64_t g = 0; g < padded; g += kRowsMicro)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/parallel.h"
 #include "finite.h"
 #include "mha/attention.h"
 #include "mha/variants/block_sparse.h"
@@ -88,12 +89,13 @@ void forward(const Problem& p, T* out, T* lse) {
   const T* Q = p.q.data<T>();
   const T* K = p.k.data<T>();
   const T* V = p.v.data<T>();
+  cpu::RegionErrors errors;  // buffers and products may be refused (cpu/parallel.h)
 #pragma omp parallel
   {
-    std::vector<T> s(static_cast<size_t>(blk * blk)), m(static_cast<size_t>(blk)), l(static_cast<size_t>(blk)),
-        acc(static_cast<size_t>(blk * Ev));
+    std::vector<T> s, m, l, acc;
+    errors.run([&] { s.resize(size_t(blk * blk)), m.resize(size_t(blk)), l.resize(size_t(blk)), acc.resize(size_t(blk * Ev)); });
 #pragma omp for schedule(dynamic)
-    for (int64_t item = 0; item < p.batch * nq; ++item) {
+    for (int64_t item = 0; item < p.batch * nq; ++item) errors.run([&] {
       const int64_t b = item / nq, I = item % nq, i0 = I * blk, rows = std::min(blk, L - i0);
       const T* q = Q + b * L * E;
       const T* k = K + b * S * E;
@@ -132,8 +134,9 @@ void forward(const Problem& p, T* out, T* lse) {
                               : sees_a_key(p, I, i0 + r) ? T(NAN)
                                                         : T(-INFINITY);
       }
-    }
+    });
   }
+  errors.rethrow();
 }
 
 // The layout's columns: for key block J, the query blocks that see it, ascending.
@@ -165,9 +168,11 @@ void backward(const Problem& p, const T* dout, const T* out, const T* lse, T* dq
   }
   std::vector<int64_t> col_begin, query_block;
   transpose_layout(lay, col_begin, query_block);
+  cpu::RegionErrors errors;
 #pragma omp parallel
   {
-    std::vector<T> s(static_cast<size_t>(blk * blk)), dp(static_cast<size_t>(blk * blk));
+    std::vector<T> s, dp;
+    errors.run([&] { s.resize(size_t(blk * blk)), dp.resize(size_t(blk * blk)); });
     // dS = P ∘ (dout·vᵀ - D) for one block pair; s holds P on return.
     auto block_ds = [&](int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
       if (!block_logits(p, Q + b * L * E, K + b * S * E, i0, rows, j0, cols, s.data())) return false;
@@ -180,7 +185,7 @@ void backward(const Problem& p, const T* dout, const T* out, const T* lse, T* dq
     };
     // Pass 1: dq_i = scale Σ_j dS_ij k_j, by query blocks.
 #pragma omp for schedule(dynamic)
-    for (int64_t item = 0; item < p.batch * nq; ++item) {
+    for (int64_t item = 0; item < p.batch * nq; ++item) errors.run([&] {
       const int64_t b = item / nq, I = item % nq, i0 = I * blk, rows = std::min(blk, L - i0);
       for (int64_t x = lay.row_begin[size_t(I)]; x < lay.row_begin[size_t(I) + 1]; ++x) {
         const int64_t j0 = lay.key_block[size_t(x)] * blk, cols = std::min(blk, S - j0);
@@ -188,10 +193,10 @@ void backward(const Problem& p, const T* dout, const T* out, const T* lse, T* dq
         cpu::gemm<T>(false, false, rows, E, cols, scale, dp.data(), blk, K + (b * S + j0) * E, E, T(1),
                      dq + (b * L + i0) * E, E);
       }
-    }
+    });
     // Pass 2: dk_j = scale Σ_i dS_ij q_i and dv_j = Σ_i P_ij dout_i, by key blocks.
 #pragma omp for schedule(dynamic)
-    for (int64_t item = 0; item < p.batch * nk; ++item) {
+    for (int64_t item = 0; item < p.batch * nk; ++item) errors.run([&] {
       const int64_t b = item / nk, J = item % nk, j0 = J * blk, cols = std::min(blk, S - j0);
       for (int64_t x = col_begin[size_t(J)]; x < col_begin[size_t(J) + 1]; ++x) {
         const int64_t i0 = query_block[size_t(x)] * blk, rows = std::min(blk, L - i0);
@@ -201,8 +206,9 @@ void backward(const Problem& p, const T* dout, const T* out, const T* lse, T* dq
         cpu::gemm<T>(true, false, cols, E, rows, scale, dp.data(), blk, Q + (b * L + i0) * E, E, T(1),
                      dk + (b * S + j0) * E, E);
       }
-    }
+    });
   }
+  errors.rethrow();
 }
 
 }  // namespace

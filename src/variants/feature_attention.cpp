@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/parallel.h"
+#include "finite.h"
 
 namespace mha::variants {
 
@@ -53,11 +55,13 @@ template <class T>
 std::vector<T> segment_starts(const Segments& seg, const T* a, const T* b, int64_t F, int64_t W, bool suffix) {
   const size_t block = size_t(F * W);
   std::vector<T> starts(size_t(seg.count) * block), total(block, T(0));
+  cpu::RegionErrors errors;  // a product's scratch may be refused (cpu/parallel.h)
 #pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < seg.count; ++s) {
+  for (int64_t s = 0; s < seg.count; ++s) errors.run([&] {
     const int64_t r0 = seg.first_row(s), r1 = seg.first_row(s + 1);
     cpu::gemm<T>(true, false, F, W, r1 - r0, T(1), a + r0 * F, F, b + r0 * W, W, T(0), &starts[size_t(s) * block], W);
-  }
+  });
+  errors.rethrow();
   for (int64_t x = 0; x < seg.count; ++x) {  // exclusive scan, in place
     T* here = &starts[size_t(suffix ? seg.count - 1 - x : x) * block];
     for (size_t e = 0; e < block; ++e) std::swap(here[e], total[e]), total[e] += here[e];
@@ -77,12 +81,6 @@ T tiny_normalizer() {
   return std::sqrt(std::numeric_limits<T>::min());
 }
 
-template <class T>
-bool finite(const T* x, int64_t n) {
-  bool bad = false;  // x - x is 0 exactly for finite x; or-ed so that the loop vectorises
-  for (int64_t i = 0; i < n; ++i) bad |= !(x[i] - x[i] == T(0));
-  return !bad;
-}
 
 // The dense definition, key by key, for inputs that hold a NaN or infinity.
 // The fast forms multiply the causally excluded entries of a chunk as 0
@@ -142,8 +140,9 @@ void causal_backward(const FeatureAttentionShape& n, const T* pq, const T* pk, c
   const Segments seg(L);
   std::vector<T> prefix = segment_starts(seg, pk, vhat.data(), F, W, false);   // Û before each segment
   std::vector<T> suffix = segment_starts(seg, pq, ghat.data(), F, W, true);    // R after each segment
+  cpu::RegionErrors errors;
 #pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < seg.count; ++s) {
+  for (int64_t s = 0; s < seg.count; ++s) errors.run([&] {
     std::vector<T> t(static_cast<size_t>(kChunk * kChunk));
     T* state = &prefix[size_t(s * F * W)];
     for (int64_t c = seg.first_chunk(s); c < seg.first_chunk(s + 1); ++c) {  // dφq_c = tril(Ĝ_c V̂_cᵀ) φk_c + Ĝ_c Ûᵀ
@@ -170,7 +169,8 @@ void causal_backward(const FeatureAttentionShape& n, const T* pq, const T* pk, c
       cpu::gemm<T>(false, false, rows, Ev, F, T(1), pk + i0 * F, F, r, W, T(1), dv + i0 * Ev, Ev);
       cpu::gemm<T>(true, false, F, W, rows, T(1), pq + i0 * F, F, g, W, T(1), r, W);
     }
-  }
+  });
+  errors.rethrow();
 }
 
 }  // namespace
@@ -196,8 +196,9 @@ void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, cons
   } else {
     const Segments seg(L);
     std::vector<T> starts = segment_starts(seg, pk, vhat.data(), F, W, false);
+    cpu::RegionErrors errors;
 #pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < seg.count; ++s) {
+    for (int64_t s = 0; s < seg.count; ++s) errors.run([&] {
       T* state = &starts[size_t(s * F * W)];  // Û before the chunk, updated after each
       std::vector<T> a(static_cast<size_t>(kChunk * kChunk));
       for (int64_t c = seg.first_chunk(s); c < seg.first_chunk(s + 1); ++c) {
@@ -207,7 +208,8 @@ void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, cons
         cpu::gemm<T>(false, false, rows, W, F, T(1), pq + i0 * F, F, state, W, T(1), num.data() + i0 * W, W);
         cpu::gemm<T>(true, false, F, W, rows, T(1), pk + i0 * F, F, vhat.data() + i0 * W, W, T(1), state, W);
       }
-    }
+    });
+    errors.rethrow();
   }
   // Below √(smallest normal) a normaliser counts as underflowed: 1/den would
   // overflow in backward (Ĝ and the sums of R), so such rows are set to 0.
@@ -219,7 +221,7 @@ void feature_attention_forward(const FeatureAttentionShape& n, const T* pq, cons
     for (int64_t e = 0; e < Ev; ++e) out[i * Ev + e] = den == T(0) ? T(0) : row[e] / den;
     normalizer[i] = den;
   }
-  if (!finite(out, L * Ev) || !finite(normalizer, L)) dense_forward(n, pq, pk, v, out, normalizer);
+  if (!all_finite(out, L * Ev) || !all_finite(normalizer, L)) dense_forward(n, pq, pk, v, out, normalizer);
 }
 
 template <class T>
@@ -249,7 +251,7 @@ void feature_attention_backward(const FeatureAttentionShape& n, const T* pq, con
   } else {
     causal_backward(n, pq, pk, vhat, ghat, dpq, dpk, dv);
   }
-  if (!finite(dpq, L * F) || !finite(dpk, S * F) || !finite(dv, S * Ev))
+  if (!all_finite(dpq, L * F) || !all_finite(dpk, S * F) || !all_finite(dv, S * Ev))
     dense_backward(n, pq, pk, v, out, normalizer, dout, dpq, dpk, dv);
 }
 

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/parallel.h"
 #include "finite.h"
 #define MHA_ISA_NAMESPACE variants_portable
 #include "cpu/simd/vec.h"
@@ -121,12 +123,13 @@ void hash_round(const Call& c, int64_t r, const T* q, int64_t* bucket) {
   const double* R = c.rotations.data<double>() + r * E * half;
   const float* R32 = c.rotations32.data<float>() + r * E * half;
   constexpr int64_t kRows = 128;  // rows per product: the projections stay in L2 (128 × buckets/2 floats)
+  cpu::RegionErrors errors;  // buffers and products may be refused (cpu/parallel.h)
 #pragma omp parallel
   {
-    std::vector<float> x(std::is_same_v<T, float> ? 0 : static_cast<size_t>(kRows * E)),
-        proj(static_cast<size_t>(kRows * half));
+    std::vector<float> x, proj;
+    errors.run([&] { x.resize(std::is_same_v<T, float> ? 0 : size_t(kRows * E)), proj.resize(size_t(kRows * half)); });
 #pragma omp for schedule(static)
-    for (int64_t i0 = 0; i0 < L; i0 += kRows) {
+    for (int64_t i0 = 0; i0 < L; i0 += kRows) errors.run([&] {
       const int64_t rows = std::min(kRows, L - i0);
       const float* xs = nullptr;
       if constexpr (std::is_same_v<T, float>) xs = q + i0 * E;
@@ -134,8 +137,9 @@ void hash_round(const Call& c, int64_t r, const T* q, int64_t* bucket) {
       cpu::gemm<float>(false, false, rows, half, E, 1.0f, xs, E, R32, half, 0.0f, proj.data(), half);
       for (int64_t a = 0; a < rows; ++a)
         bucket[i0 + a] = row_hash(q + (i0 + a) * E, &proj[size_t(a * half)], R, E, half, c.column_norm[size_t(r)]);
-    }
+    });
   }
+  errors.rethrow();
 }
 
 // Positions sorted by (bucket, position): a stable counting sort.
@@ -250,17 +254,21 @@ struct Window {
 // kSweep chunks shared among the threads, each with its own Window and Scratch.
 template <class T, class Scratch, class F>
 void sweep_chunks(const Call& c, const Chunks& ch, const int64_t* order, const T* Q, const T* norms, const T* V, F&& f) {
+  cpu::RegionErrors errors;  // windows, scratch and products may be refused (cpu/parallel.h)
 #pragma omp parallel
   {
-    Window<T> w(c, ch, order, Q, norms, V);
-    Scratch scratch(c);
+    std::optional<Window<T>> w;
+    std::optional<Scratch> scratch;
+    errors.run([&] { w.emplace(c, ch, order, Q, norms, V), scratch.emplace(c); });
 #pragma omp for schedule(dynamic)
-    for (int64_t g = 0; g < (ch.count + kSweep - 1) / kSweep; ++g)
+    for (int64_t g = 0; g < (ch.count + kSweep - 1) / kSweep; ++g) errors.run([&] {
       for (int64_t cc = g * kSweep; cc < std::min(ch.count, (g + 1) * kSweep); ++cc) {
-        w.enter(cc, cc == g * kSweep);
-        f(w, scratch, cc, cc == g * kSweep);
+        w->enter(cc, cc == g * kSweep);
+        f(*w, *scratch, cc, cc == g * kSweep);
       }
+    });
   }
+  errors.rethrow();
 }
 
 // The norms of the rows of q (the keys are the rows over their norms).
@@ -416,14 +424,15 @@ void backward_entry(const Call& c, const T* Q, const T* V, const T* out, const T
       }
     }
   }
-  std::vector<T> k(static_cast<size_t>(E));
-#pragma omp parallel for schedule(static) firstprivate(k)
+  Buffer<T> keys(L * E);  // each row's own normalised key (one per row: no per-thread copy to allocate)
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < L; ++i) {
+    T* k = keys.data() + i * E;
     if (!seen[i])  // out_i = v_i
       for (int64_t e = 0; e < Ev; ++e) dv[i * Ev + e] += dout[i * Ev + e];
     const T norm = norms[i];
     if (norm == T(0)) continue;
-    normalise(Q + i * E, norm, E, k.data());
+    normalise(Q + i * E, norm, E, k);
     const T* dk = dkeys.data() + i * E;
     T dot = 0;
     for (int64_t e = 0; e < E; ++e) dot += k[size_t(e)] * dk[e];

@@ -12,6 +12,8 @@
 #include "check.h"
 #include "cpu/gemm.h"
 #include "cpu/reduce.h"
+#include "cpu/scratch.h"
+#include "finite.h"
 #include "random/philox.h"
 
 namespace mha::cpu {
@@ -68,40 +70,6 @@ constexpr int64_t kQueryTile = 64;
 static_assert(kQueryTile <= kFlashQueryTileMax);
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Per-thread scratch that outlives the call (grow-only), so that calls in a
-// steady state touch no fresh pages: on this kind of VM a page fault costs
-// about 2 µs, as much as 100k FMAs. Slots are freed when the thread exits.
-class ThreadScratch {
- public:
-  ~ThreadScratch() {
-    for (Slot& s : slots_) std::free(s.data);
-  }
-  float* get(int slot, int64_t floats) {
-    Slot& s = slots_[slot];
-    if (s.floats < floats) {
-      std::free(s.data);
-      s.data = nullptr, s.floats = 0;
-      const size_t bytes = size_t(round_up(floats, 16)) * sizeof(float);
-      s.data = static_cast<float*>(std::aligned_alloc(64, bytes));
-      if (!s.data) throw std::bad_alloc();
-      s.floats = floats;
-    }
-    return s.data;
-  }
-
- private:
-  struct Slot {
-    float* data = nullptr;
-    int64_t floats = 0;
-  };
-  Slot slots_[8];
-};
-
-float* thread_scratch(int slot, int64_t floats) {
-  thread_local ThreadScratch scratch;
-  return scratch.get(slot, floats);
-}
 
 // Element (row, col) of a strided operand as float.
 struct Loader {
@@ -251,33 +219,6 @@ void force_isa(std::optional<Isa> isa) {
   forced() = isa;
 }
 
-namespace {
-
-// Whether rows × cols floats, rows `pitch` apart, hold no NaN and no infinity:
-// an exponent of all ones, tested on the bits without a branch so that the
-// loop vectorises (the rows were just written and are in cache).
-bool rows_finite(const float* x, int64_t rows, int64_t cols, int64_t pitch) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* row = x + i * pitch;
-    for (int64_t e = 0; e < cols; ++e) {
-      uint32_t bits;
-      std::memcpy(&bits, row + e, 4);
-      bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
-    }
-  }
-  return bad == 0;
-}
-
-// lse: no NaN and no +inf (-inf is a fully masked row).
-bool lse_finite(const float* l, int64_t rows) {
-  bool bad = false;
-  for (int64_t i = 0; i < rows; ++i) bad |= (l[i] != l[i]) | (l[i] == INFINITY);
-  return !bad;
-}
-
-}  // namespace
-
 bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
   // A query tile no wider than the queries need (in whole vectors): a decoding
@@ -297,6 +238,15 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const uint32_t threshold = dropout_threshold(p.dropout_p);
   const float drop_scale = float(1.0 / (1.0 - p.dropout_p));
 
+  // Each thread's buffers, taken before the region (an allocation that fails
+  // there throws on the calling thread): the packed query tile, the tile's
+  // work space, and (bfloat16 outputs) the float32 output and weights.
+  const int64_t f = sizeof(float);
+  const PerThread query_tiles = per_thread_scratch(ScratchSlot::flash_a, (bf16_kernel ? (E + 1) / 2 * br : E * br) * f);
+  const PerThread works = per_thread_scratch(ScratchSlot::flash_b, (flash_forward_scratch(E, Ev, br) + flash_bf16_scratch(br)) * f);
+  const PerThread outs = per_thread_scratch(ScratchSlot::flash_c, float_out ? 0 : br * Ev * f);
+  const PerThread weight_tiles = per_thread_scratch(ScratchSlot::flash_d, float_out || !p.return_weights ? 0 : br * S * f);
+
   bool finite = true;
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
   for (int64_t item = 0; item < p.batch * tiles; ++item) {
@@ -304,13 +254,13 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     const DropoutContext drop{p.dropout_seed, uint64_t(b), threshold, drop_scale};
     FlashForwardTile t{};
     if (bf16_kernel) {
-      uint16_t* qt2 = reinterpret_cast<uint16_t*>(thread_scratch(0, (E + 1) / 2 * br));
+      uint16_t* qt2 = static_cast<uint16_t*>(own_slice(query_tiles));
       pack_query_pairs(p.q.data<bfloat16>() + p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, qt2);
       t.qt2 = qt2;
       t.k16 = &pairs.keys.data<bfloat16>()[pairs.key_offset[size_t(b)]].bits, t.k16_row = pairs.key_row;
       t.v2 = &pairs.values.data<bfloat16>()[pairs.value_offset[size_t(b)]].bits;
     } else {
-      float* qt = thread_scratch(0, E * br);
+      float* qt = static_cast<float*>(own_slice(query_tiles));
       pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, 1.0f, qt);
       t.qt = qt;
       t.k = keys.at(b), t.k_row = keys.row;
@@ -322,18 +272,18 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     t.i0 = i0, t.rows = rows, t.S = S, t.E = E, t.Ev = Ev, t.br = br;
     t.band = band_of(p);
     if (p.dropout_p > 0) t.dropout = {&fill_dropout, &drop};
-    t.out = float_out ? r.out.data<float>() + (b * L + i0) * Ev : thread_scratch(2, br * Ev);
+    t.out = float_out ? r.out.data<float>() + (b * L + i0) * Ev : static_cast<float*>(own_slice(outs));
     t.out_row = Ev;
     t.lse = lse + b * L + i0;
-    t.scratch = thread_scratch(1, flash_forward_scratch(E, Ev, br) + flash_bf16_scratch(br));
+    t.scratch = static_cast<float*>(own_slice(works));
     forward_tile(t);
-    finite = finite && rows_finite(t.out, rows, Ev, t.out_row) && lse_finite(t.lse, rows);
+    finite = finite && all_finite(t.out, rows, Ev, t.out_row) && all_finite(t.lse, rows, true);
     if (!float_out) {
       bfloat16* o = r.out.data<bfloat16>() + (b * L + i0) * Ev;
       for (int64_t x = 0; x < rows * Ev; ++x) o[x] = bfloat16(t.out[x]);
     }
     if (p.return_weights) {  // a second pass: P = exp(s - lse), now that lse is known
-      t.weights = float_out ? r.weights.data<float>() + (b * L + i0) * S : thread_scratch(3, br * S);
+      t.weights = float_out ? r.weights.data<float>() + (b * L + i0) * S : static_cast<float*>(own_slice(weight_tiles));
       t.weights_row = S;
       forward_tile(t);
       if (!float_out) {
@@ -437,18 +387,21 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
   const int64_t packed = BackwardPlan::packed_floats(plan.L_pad, E, Ev), scratch = flash_backward_scratch(E_pad, Ev_pad, br);
 
+  const PerThread packs = per_thread_scratch(ScratchSlot::flash_a, (p.batch >= omp_get_max_threads() ? packed : 0) * int64_t(sizeof(float)));
+  const PerThread works = per_thread_scratch(ScratchSlot::flash_b, scratch * int64_t(sizeof(float)));
+
   bool finite = true;  // of every gradient row, checked as each work item finishes its rows
   if (p.batch >= omp_get_max_threads()) {
     // Enough entries for every thread: one entry per work item, start to end.
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
     for (int64_t b = 0; b < p.batch; ++b) {
-      const BackwardPlan::Packed d = plan.carve(thread_scratch(0, packed));
+      const BackwardPlan::Packed d = plan.carve(static_cast<float*>(own_slice(packs)));
       plan.pack(b, d);
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
-      const FlashBackwardHead h = plan.head(b, d, drop, thread_scratch(1, scratch));
+      const FlashBackwardHead h = plan.head(b, d, drop, static_cast<float*>(own_slice(works)));
       k.backward_head(h);
-      finite = finite && rows_finite(h.dq, L, E, h.dq_row) && rows_finite(h.dk, S, E, h.dk_row) &&
-               rows_finite(h.dv, S, Ev, h.dv_row);
+      finite = finite && all_finite(h.dq, L, E, h.dq_row) && all_finite(h.dk, S, E, h.dk_row) &&
+               all_finite(h.dv, S, Ev, h.dv_row);
     }
   } else {
     // Few entries: split each into key tiles (dK, dV) and then query tiles
@@ -464,21 +417,21 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
     for (int64_t item = 0; item < p.batch * key_tiles; ++item) {
       const int64_t b = item / key_tiles, j0 = item % key_tiles * kFlashKeyTile;
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
-      FlashBackwardHead h = plan.head(b, packed_of(b), drop, thread_scratch(1, scratch));
+      FlashBackwardHead h = plan.head(b, packed_of(b), drop, static_cast<float*>(own_slice(works)));
       h.key_begin = j0, h.key_end = j0 + kFlashKeyTile, h.want_dq = false;
       k.backward_head(h);
       const int64_t cols = std::min(kFlashKeyTile, S - j0);
-      finite = finite && rows_finite(h.dk + j0 * h.dk_row, cols, E, h.dk_row) &&
-               rows_finite(h.dv + j0 * h.dv_row, cols, Ev, h.dv_row);
+      finite = finite && all_finite(h.dk + j0 * h.dk_row, cols, E, h.dk_row) &&
+               all_finite(h.dv + j0 * h.dv_row, cols, Ev, h.dv_row);
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < p.batch * tiles; ++item) {
       const int64_t b = item / tiles, i0 = item % tiles * br;
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
-      FlashBackwardHead h = plan.head(b, packed_of(b), drop, thread_scratch(1, scratch));
+      FlashBackwardHead h = plan.head(b, packed_of(b), drop, static_cast<float*>(own_slice(works)));
       h.query_begin = i0, h.query_end = i0 + br, h.want_dkdv = false;
       k.backward_head(h);
-      finite = finite && rows_finite(h.dq + i0 * h.dq_row, std::min(br, L - i0), E, h.dq_row);
+      finite = finite && all_finite(h.dq + i0 * h.dq_row, std::min(br, L - i0), E, h.dq_row);
     }
   }
   if (!direct_q) {  // drop the padding, then fold

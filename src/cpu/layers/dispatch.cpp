@@ -5,10 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/layers/kernels.h"
+#include "cpu/scratch.h"
 
 namespace mha::cpu {
 
@@ -41,11 +41,8 @@ Blocks blocks_of(int64_t rows) {
 
 // Grow-only scratch of the calling thread (no fresh pages in a steady state).
 template <class T>
-T* scratch(int slot, size_t n) {
-  thread_local std::vector<T> buffers[2];
-  std::vector<T>& b = buffers[slot];
-  if (b.size() < n) b.resize(n);
-  return b.data();
+T* scratch(ScratchSlot slot, int64_t n) {
+  return static_cast<T*>(thread_scratch_bytes(slot, n * int64_t(sizeof(T))));
 }
 
 // f(begin, end) over [0, rows) in blocks, on threads when work is large.
@@ -75,7 +72,7 @@ void activation_backward(ActivationKind kind, const float* x, const float* dy, f
                          int64_t cols) {
   const LayerKernels& k = kernels();
   const Blocks b = blocks_of(rows);
-  float* partial = dbias ? scratch<float>(0, size_t(b.count * cols)) : nullptr;
+  float* partial = dbias ? scratch<float>(ScratchSlot::layer_a, b.count * cols) : nullptr;
   if (partial) std::fill(partial, partial + b.count * cols, 0.0f);
   for_blocks(b, rows, rows * cols * 16, [&](int64_t i, int64_t begin, int64_t end) {
     k.activation_backward_rows(kind, x, dy, dx, partial ? partial + i * cols : nullptr, begin, end, cols);
@@ -93,7 +90,7 @@ void layer_norm_backward(const LayerNormBackward& p) {
   const LayerKernels& k = kernels();
   const Blocks b = blocks_of(p.rows);
   const bool affine = p.dweight != nullptr;
-  float* partial = affine ? scratch<float>(0, size_t(2 * b.count * p.D)) : nullptr;
+  float* partial = affine ? scratch<float>(ScratchSlot::layer_a, 2 * b.count * p.D) : nullptr;
   if (partial) std::fill(partial, partial + 2 * b.count * p.D, 0.0f);
   for_blocks(b, p.rows, p.rows * p.D * 10, [&](int64_t i, int64_t begin, int64_t end) {
     float* dw = affine ? partial + 2 * i * p.D : nullptr;
@@ -108,8 +105,8 @@ void layer_norm_backward(const LayerNormBackward& p) {
 
 double cross_entropy_forward_backward(const CrossEntropy& p, int64_t* count, int64_t* correct) {
   const LayerKernels& k = kernels();
-  double* loss = scratch<double>(0, size_t(p.rows));
-  uint8_t* right = scratch<uint8_t>(0, size_t(p.rows));
+  double* loss = scratch<double>(ScratchSlot::layer_a, p.rows);
+  uint8_t* right = scratch<uint8_t>(ScratchSlot::layer_b, p.rows);
   const Blocks b = blocks_of(p.rows);
   for_blocks(b, p.rows, p.rows * p.C * 20,
              [&](int64_t, int64_t begin, int64_t end) { k.cross_entropy_rows(p, begin, end, loss, right); });
@@ -138,7 +135,7 @@ void adamw_step(const AdamWStep& p) {
 double sum_of_squares(const float* x, int64_t n) {
   const LayerKernels& k = kernels();
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  double* partial = scratch<double>(1, size_t(chunks));
+  double* partial = scratch<double>(ScratchSlot::layer_c, chunks);
 #pragma omp parallel for schedule(static) if (n * 2 >= kParallelWork && chunks > 1)
   for (int64_t c = 0; c < chunks; ++c)
     partial[c] = double(k.sum_of_squares_range(x + c * kChunk, std::min(n, (c + 1) * kChunk) - c * kChunk));
@@ -167,7 +164,7 @@ void add_arrays(const float* a, const float* b, float* out, int64_t n) {
 void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
   const LayerKernels& k = kernels();
   const Blocks b = blocks_of(rows);
-  float* partial = scratch<float>(1, size_t(b.count * cols));
+  float* partial = scratch<float>(ScratchSlot::layer_c, b.count * cols);
   std::fill(partial, partial + b.count * cols, 0.0f);
   for_blocks(b, rows, rows * cols, [&](int64_t i, int64_t begin, int64_t end) {
     // Rows of this block into its partial, columns all at once.

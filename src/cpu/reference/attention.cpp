@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attention_params.h"
+#include "cpu/parallel.h"
 #include "cpu/reduce.h"
 #include "dtype_dispatch.h"
 #include "random/philox.h"
@@ -116,12 +117,15 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
   T* weights = r.weights.defined() ? r.weights.data<T>() : nullptr;
   const Dropout<A> dropout(p);
   const int64_t L = p.L, S = p.S, Ev = p.Ev;
+  RegionErrors errors;  // the buffers of each thread may be refused (parallel.h)
 #pragma omp parallel
   {
-    std::vector<A> s(static_cast<size_t>(S)), acc(static_cast<size_t>(Ev));
-    std::vector<uint8_t> keep(static_cast<size_t>(S));
+    std::vector<A> s, acc;
+    std::vector<uint8_t> keep;
+    errors.run([&] { s.resize(size_t(S)), acc.resize(size_t(Ev)), keep.resize(size_t(S)); });
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < p.batch * L; ++row) {
+      if (errors.failed()) continue;
       const int64_t b = row / L, i = row % L, begin = p.key_begin(i), end = p.key_end(i);
       T* o = out + row * Ev;
       T* w = weights ? weights + row * S : nullptr;
@@ -152,6 +156,7 @@ void forward(const AttentionParams& p, AttentionOutput& r) {
       for (int64_t e = 0; e < Ev; ++e) o[e] = store_as<T>(acc[size_t(e)]);
     }
   }
+  errors.rethrow();
 }
 
 template <class T, class A>
@@ -167,12 +172,15 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
   const A scale = A(p.scale);
   std::vector<A> dq(size_t(B * L * E), A(0)), dk(size_t(B * S * E), A(0)), dv(size_t(B * S * Ev), A(0));
   std::vector<A> ds(g.dmask.defined() ? size_t(B * L * S) : 0, A(0));
+  RegionErrors errors;
 #pragma omp parallel
   {
-    std::vector<A> s(static_cast<size_t>(S));
-    std::vector<uint8_t> keep(static_cast<size_t>(S));
+    std::vector<A> s;
+    std::vector<uint8_t> keep;
+    errors.run([&] { s.resize(size_t(S)), keep.resize(size_t(S)); });
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; ++b) {
+      if (errors.failed()) continue;
       for (int64_t i = 0; i < L; ++i) {
         const A lse_i = lse[b * L + i];
         const int64_t begin = p.key_begin(i), end = p.key_end(i);
@@ -201,6 +209,7 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
       }
     }
   }
+  errors.rethrow();
   store_reduced(dq, p, g.dquery);
   store_reduced(dk, p, g.dkey);
   store_reduced(dv, p, g.dvalue);

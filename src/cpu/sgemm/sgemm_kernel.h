@@ -43,10 +43,6 @@ static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-inline float* scratch(ScratchSlot slot, int64_t floats) {
-  return static_cast<float*>(thread_scratch_bytes(slot, floats * int64_t(sizeof(float))));
-}
-
 // Rows [0, rows) × K range [0, depth) of op(A) (element (r, k) at A[r·ar +
 // k·ak]) packed for the micro-tiles, each copy in its source's direction:
 //   rows along k (ak = 1): row-major, out[r·kDepth + k] — a copy of each row
@@ -204,7 +200,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   }
   const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
   // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel.
-  float* packed = scratch(ScratchSlot::sgemm_b, k * n_pad);
+  float* packed = static_cast<float*>(thread_scratch_bytes(ScratchSlot::sgemm_b, k * n_pad * int64_t(sizeof(float))));
 #pragma omp parallel for schedule(static) if (k * n_pad > (int64_t(1) << 16))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
@@ -228,11 +224,13 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   while (items() < want && tile_cols > kPanel) tile_cols /= 2;
   while (items() < want && tile_rows > kGemmRows) tile_rows = round_up(tile_rows / 2, kGemmRows);
   const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
+  // Each thread's packed rows of A, taken before the region (parallel.h).
+  const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, kRows * kDepth * int64_t(sizeof(float)));
 #pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
-    float* rows_packed = scratch(ScratchSlot::sgemm_rows, kRows * kDepth);
+    float* rows_packed = static_cast<float*>(own_slice(row_buffers));
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
       pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
