@@ -8,8 +8,10 @@ MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libg
   nlohmann-json3-dev libpng-dev pybind11-dev python3-dev python3-numpy)
 # Only to run the tests: PyTorch (Debian's is 1.13) to compare against, pytest, matplotlib,
 # a headless browser that opens the attention page (VizBrowser.* in tests/test_viz.cpp),
-# and scikit-learn for its 8×8 digits (`mha train --task digits`, tests/test_vision.cpp).
-MHA_TEST_PACKAGES=(python3-torch python3-pytest python3-matplotlib chromium python3-sklearn)
+# scikit-learn for its 8×8 digits (`mha train --task digits`, tests/test_vision.cpp), and
+# what `pip install .` and `python3 -m build` need offline (tests/python_wheel.sh).
+MHA_TEST_PACKAGES=(python3-torch python3-pytest python3-matplotlib chromium python3-sklearn
+  python3-pip python3-venv python3-setuptools python3-wheel python3-build)
 # The sanitizer and fuzzing build: clang with libFuzzer, its OpenMP runtime.
 MHA_SANITIZE_PACKAGES=(clang-14 libclang-rt-14-dev libomp-14-dev)
 

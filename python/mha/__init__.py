@@ -11,6 +11,7 @@ ArgumentError are its subclasses), RuntimeError (FormatError, ...), ArithmeticEr
 (NumericalError: a diverged training step) or MemoryError, with the C++ message.
 """
 from . import _mha
+from ._mha import __version__
 from ._mha import (ArgumentError, DeviceError, DtypeError, FormatError, MemoryError, NumericalError, ShapeError,
                    StateError)
 from ._mha import memory_limit, set_memory_limit
@@ -23,6 +24,6 @@ except ImportError:  # the nn modules subclass torch.nn.Module
 else:
     from . import nn
 
-__all__ = ["functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
+__all__ = ["__version__", "functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
            "StateError", "FormatError", "NumericalError", "MemoryError",
            "memory_limit", "set_memory_limit"]

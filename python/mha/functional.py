@@ -13,11 +13,16 @@ a query row whose keys are all masked gives 0, where PyTorch gives NaN.
 attention() is the same computation with what PyTorch lacks: the causal
 mask aligned to the bottom right (decoding with a KV cache), sliding
 windows, and the weights and the log-sum-exp returned.
+
+The efficient variants (block sparse, linear, Performer, Linformer, LSH,
+axial) are here too; see their module, mha._variants.
 """
 from . import _mha
 from ._convert import draw_seed, is_torch, mask_to_numpy, to_numpy, to_torch, torch
+from ._variants import *  # noqa: F401,F403  (the efficient variants)
+from ._variants import __all__ as _variants_all
 
-__all__ = ["scaled_dot_product_attention", "attention"]
+__all__ = ["scaled_dot_product_attention", "attention"] + _variants_all
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

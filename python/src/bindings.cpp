@@ -5,12 +5,15 @@
 
 #include "convert.h"
 #include "layers.h"
+#include "variants.h"
 #include "mha/attention.h"
 #include "mha/errors.h"
 #include "mha/memory.h"
+#include "mha/version.h"
 
 namespace py = pybind11;
 using namespace mha;
+using mha::python::path_of;
 using mha::python::to_numpy;
 using mha::python::to_tensor;
 
@@ -21,13 +24,6 @@ Causal causal_of(const std::string& s, const char* fn) {
   if (s == "top_left") return Causal::top_left;
   if (s == "bottom_right") return Causal::bottom_right;
   throw ValueError(std::string("[") + fn + "] causal: expected 'none', 'top_left' or 'bottom_right'; got '" + s + "'");
-}
-
-AttentionPath path_of(const std::string& s, const char* fn) {
-  if (s == "automatic") return AttentionPath::automatic;
-  if (s == "reference") return AttentionPath::reference;
-  if (s == "fused") return AttentionPath::fused;
-  throw ValueError(std::string("[") + fn + "] path: expected 'automatic', 'reference' or 'fused'; got '" + s + "'");
 }
 
 AttentionOptions options_of(const py::object& mask, const std::string& causal, int64_t window_left,
@@ -84,6 +80,7 @@ py::tuple backward(const py::object& dout, const py::object& q, const py::object
 
 PYBIND11_MODULE(_mha, m) {
   m.doc() = "mha: multi-head attention in C++ (the extension under the mha package)";
+  m.attr("__version__") = mha::version;
   // Typed errors: ValueError subclasses for bad arguments, RuntimeError for the rest.
   py::register_exception<ShapeError>(m, "ShapeError", PyExc_ValueError);
   py::register_exception<DtypeError>(m, "DtypeError", PyExc_ValueError);
@@ -111,4 +108,5 @@ PYBIND11_MODULE(_mha, m) {
         py::arg("path") = "automatic", py::arg("mask_grad") = false, py::arg("bf16") = false,
         "Gradients of attention_forward -> (dquery, dkey, dvalue, dmask or None).");
   mha::python::bind_layers(m);
+  mha::python::bind_variants(m);
 }

@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "mha/attention.h"
 #include "mha/errors.h"
 #include "mha/tensor.h"
 
@@ -74,6 +75,14 @@ inline py::object to_numpy(const Tensor& t) {
   auto* keep = new Tensor(t);
   py::capsule base(keep, [](void* p) { delete static_cast<Tensor*>(p); });
   return py::array(dt, shape, strides, const_cast<void*>(t.raw_data()), base);
+}
+
+// "automatic", "reference" or "fused".
+inline AttentionPath path_of(const std::string& s, const char* fn) {
+  if (s == "automatic") return AttentionPath::automatic;
+  if (s == "reference") return AttentionPath::reference;
+  if (s == "fused") return AttentionPath::fused;
+  throw ValueError(std::string("[") + fn + "] path: expected 'automatic', 'reference' or 'fused'; got '" + s + "'");
 }
 
 }  // namespace mha::python
