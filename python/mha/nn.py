@@ -32,8 +32,19 @@ def _prototype(cls, *args):
     """The C++ layer for a configuration (kept, since it only holds the configuration)."""
     key = (cls,) + args
     if key not in _prototypes:
-        _prototypes[key] = cls(*args)
+        _prototypes[key] = cls(*[dict(a) if isinstance(a, _AttentionKey) else a for a in args])
     return _prototypes[key]
+
+
+def _attention_key(spec):
+    """The attention argument as a hashable key for _prototype (dicts become sorted tuples)."""
+    if isinstance(spec, dict):
+        return _AttentionKey(sorted(spec.items()))
+    return spec
+
+
+class _AttentionKey(tuple):
+    """A dict's items, hashable; passed to C++ as the dict again."""
 
 
 def _is_float64(module):
@@ -71,7 +82,6 @@ class _Layer(torch.autograd.Function):
         if dy is None:
             return (None, None) + (None,) * (ctx.n_inputs + len(params))
         *input_grads, param_grads = ctx.state.backward(to_numpy(dy.contiguous(), "mha.nn", "grad")[0])
-        ctx.state = None
         grads = [to_torch(g) for g in input_grads] + [to_torch(g) for g in param_grads]
         return (None, None) + tuple(grads)
 
@@ -101,9 +111,22 @@ class MultiheadAttention(torch.nn.Module):
     __constants__ = ["batch_first"]
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
-                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, attention=None):
+        """PyTorch's arguments, and `attention`: which attention each head computes.
+
+        None or "full" (exact softmax attention), a kind's name ("window", "strided", "bigbird", "linear",
+        "performer", "linformer", "lsh", "axial"), or a dict {"kind": name, option: value, ...} with the
+        options of mha::nn::AttentionVariant (window, block, local_blocks, stride_blocks, global_blocks,
+        window_blocks, random_blocks, features, redraw_every, projected, max_length, buckets, hashes, chunk,
+        axial_width, seed); `self.attention` holds them all. Variants other than full and window compute no
+        weight matrix (forward returns None for the weights) and take no masks, no attention dropout.
+        Linformer's projections are parameters (linformer.key_projection, linformer.value_projection);
+        Performer redraws its features every redraw_every training forwards, from a seed drawn from
+        torch's generator here.
+        """
         factory = {"device": device, "dtype": dtype}
         super().__init__()
+        self._attention_spec = attention
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"[mha.nn.MultiheadAttention] embed_dim and num_heads: expected > 0; got "
                              f"{embed_dim} and {num_heads}")
@@ -140,6 +163,15 @@ class MultiheadAttention(torch.nn.Module):
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
+        self.attention = self._proto_for(dtype or torch.get_default_dtype()).attention()
+        kind = self.attention["kind"]
+        if kind == "linformer":
+            self.linformer = torch.nn.Module()
+            shape = (self.attention["projected"], self.attention["max_length"])
+            self.linformer.key_projection = Parameter(torch.empty(shape, **factory))
+            self.linformer.value_projection = Parameter(torch.empty(shape, **factory))
+        self._feature_seed = int(torch.randint(0, 2**62, (1,)).item()) if kind == "performer" else 0
+        self._feature_step = 0
         self._reset_parameters()
 
     def _reset_parameters(self):
@@ -156,11 +188,21 @@ class MultiheadAttention(torch.nn.Module):
             torch.nn.init.xavier_normal_(self.bias_k)
         if self.bias_v is not None:
             torch.nn.init.xavier_normal_(self.bias_v)
+        if self.attention["kind"] == "linformer":  # Linformer's N(0, 1/k) projections, seeded from torch
+            k, n = self.linformer.key_projection.shape
+            for p in (self.linformer.key_projection, self.linformer.value_projection):
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+                with torch.no_grad():
+                    p.copy_(torch.from_numpy(_mha.linformer_projection(k, n, seed=seed, dtype="float64")))
 
     def _proto(self):
+        return self._proto_for(next(self.parameters()).dtype)
+
+    def _proto_for(self, dtype):
         return _prototype(_mha.MultiheadAttention, self.embed_dim, self.num_heads, float(self.dropout),
                           self.in_proj_bias is not None, self.bias_k is not None, self.add_zero_attn,
-                          self.kdim, self.vdim, self.batch_first, _is_float64(self))
+                          self.kdim, self.vdim, self.batch_first, dtype == torch.float64,
+                          _attention_key(self._attention_spec))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
@@ -171,14 +213,20 @@ class MultiheadAttention(torch.nn.Module):
         am = mask_to_numpy(attn_mask, fn, "attn_mask")
         proto = self._proto()
 
+        weights_wanted = need_weights and self.attention["kind"] in ("full", "window")
+        step = self._feature_step
+
         def forward(ps, xs, training, seed):
-            out, weights, state = proto.forward(ps, *xs, key_padding_mask=kpm, need_weights=need_weights,
+            out, weights, state = proto.forward(ps, *xs, key_padding_mask=kpm, need_weights=weights_wanted,
                                                 attn_mask=am, average_attn_weights=average_attn_weights,
-                                                is_causal=is_causal, training=training, seed=seed)
-            return (out, weights, state) if need_weights else (out, state)
+                                                is_causal=is_causal, training=training, seed=seed,
+                                                feature_seed=self._feature_seed, feature_step=step)
+            return (out, weights, state) if weights_wanted else (out, state)
 
         result = _apply(self, proto, [query, key, value], forward)
-        return result if need_weights else (result, None)
+        if self.training:
+            self._feature_step += 1
+        return result if weights_wanted else (result, None)
 
 
 def _activation_name(activation, fn):

@@ -95,6 +95,66 @@ nn::Activation activation_of(const std::string& s, const char* fn) {
   throw ValueError(std::string("[") + fn + "] activation: expected 'relu' or 'gelu'; got '" + s + "'");
 }
 
+// The attention of a MultiheadAttention: None or "full", a kind's name, or a
+// dict {"kind": name, field: value, …} with the fields of nn::AttentionVariant.
+nn::AttentionVariant variant_of(const py::object& spec, const char* fn) {
+  nn::AttentionVariant a;
+  if (spec.is_none()) return a;
+  if (py::isinstance<py::str>(spec)) {
+    a.kind = nn::parse_attention_kind(spec.cast<std::string>());
+    nn::check_attention_variant(a, fn);
+    return a;
+  }
+  if (!py::isinstance<py::dict>(spec))
+    throw ValueError(std::string("[") + fn + "] attention: expected None, a kind's name or a dict with 'kind'; got " +
+                     std::string(py::str(spec.get_type())));
+  const py::dict d = spec.cast<py::dict>();
+  if (!d.contains("kind")) throw ValueError(std::string("[") + fn + "] attention: expected a dict with 'kind'; got none");
+  a.kind = nn::parse_attention_kind(d["kind"].cast<std::string>());
+  int64_t* fields[] = {&a.window, &a.block, &a.local_blocks, &a.stride_blocks, &a.global_blocks, &a.window_blocks,
+                       &a.random_blocks, &a.features, &a.redraw_every, &a.projected, &a.max_length, &a.buckets,
+                       &a.hashes, &a.chunk, &a.axial_width};
+  const char* names[] = {"window", "block", "local_blocks", "stride_blocks", "global_blocks", "window_blocks",
+                         "random_blocks", "features", "redraw_every", "projected", "max_length", "buckets",
+                         "hashes", "chunk", "axial_width"};
+  for (auto item : d) {
+    const std::string key = item.first.cast<std::string>();
+    if (key == "kind") continue;
+    if (key == "seed") {
+      a.seed = item.second.cast<uint64_t>();
+      continue;
+    }
+    bool known = false;
+    for (size_t i = 0; i < std::size(names); ++i)
+      if (key == names[i]) *fields[i] = item.second.cast<int64_t>(), known = true;
+    if (!known) {
+      std::string all = "seed";
+      for (const char* n : names) all += std::string(", ") + n;
+      throw ValueError(std::string("[") + fn + "] attention: expected the fields kind, " + all + "; got '" + key + "'");
+    }
+  }
+  nn::check_attention_variant(a, fn);
+  return a;
+}
+
+py::dict variant_dict(const nn::AttentionVariant& a) {
+  py::dict d;
+  d["kind"] = nn::to_string(a.kind);
+  d["window"] = a.window, d["block"] = a.block, d["local_blocks"] = a.local_blocks, d["stride_blocks"] = a.stride_blocks;
+  d["global_blocks"] = a.global_blocks, d["window_blocks"] = a.window_blocks, d["random_blocks"] = a.random_blocks;
+  d["features"] = a.features, d["redraw_every"] = a.redraw_every, d["projected"] = a.projected;
+  d["max_length"] = a.max_length, d["buckets"] = a.buckets, d["hashes"] = a.hashes, d["chunk"] = a.chunk;
+  d["axial_width"] = a.axial_width, d["seed"] = a.seed;
+  return d;
+}
+
+// Performer's features for this forward: draw feature_step / redraw_every of
+// the module's feature seed (the Python module counts its training forwards).
+void set_feature_draw(MultiheadAttention& m, uint64_t feature_seed, uint64_t feature_step) {
+  for (nn::NamedGenerator& g : m.named_generators())
+    if (g.name == "feature_generator") g.generator->set_state(feature_seed, feature_step);
+}
+
 struct MhaState {
   std::shared_ptr<MultiheadAttention> m;
 };
@@ -121,26 +181,34 @@ void bind_mha(py::module_& m) {
 
   py::class_<MultiheadAttention, std::shared_ptr<MultiheadAttention>>(m, "MultiheadAttention")
       .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
-                       bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, bool float64) {
-             const nn::MultiheadAttentionConfig c{.embed_dim = embed_dim, .num_heads = num_heads, .dropout = dropout,
-                                                  .bias = bias, .add_bias_kv = add_bias_kv,
-                                                  .add_zero_attn = add_zero_attn, .kdim = kdim, .vdim = vdim,
-                                                  .batch_first = batch_first, .dtype = dtype_of(float64)};
+                       bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, bool float64,
+                       const py::object& attention) {
+             nn::MultiheadAttentionConfig c{.embed_dim = embed_dim, .num_heads = num_heads, .dropout = dropout,
+                                            .bias = bias, .add_bias_kv = add_bias_kv,
+                                            .add_zero_attn = add_zero_attn, .kdim = kdim, .vdim = vdim,
+                                            .batch_first = batch_first, .dtype = dtype_of(float64)};
+             c.attention = variant_of(attention, "mha.nn.MultiheadAttention");
              Generator gen(0);
              return std::make_shared<MultiheadAttention>(c, gen);
            }),
            py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0, py::arg("bias") = true,
            py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false, py::arg("kdim") = 0,
-           py::arg("vdim") = 0, py::arg("batch_first") = false, py::arg("float64") = false)
+           py::arg("vdim") = 0, py::arg("batch_first") = false, py::arg("float64") = false,
+           py::arg("attention") = py::none())
       .def("parameter_names", [](const MultiheadAttention& p) { return names_of(p); })
+      .def("attention", [](const MultiheadAttention& p) { return variant_dict(p.config().attention); },
+           "The attention variant, every field as a dict.")
       .def(
           "forward",
           [](const MultiheadAttention& proto, const py::sequence& params, const py::object& query,
              const py::object& key, const py::object& value, const py::object& key_padding_mask,
              bool need_weights, const py::object& attn_mask, bool average_attn_weights, bool is_causal,
-             bool training, uint64_t seed) {
+             bool training, uint64_t seed, uint64_t feature_seed, uint64_t feature_step) {
             const char* fn = "mha.MultiheadAttention.forward";
             MhaState s{bound_copy(proto, params, training, seed, fn)};
+            set_feature_draw(*s.m, feature_seed, feature_step);
+            // Variants other than full and window compute no weight matrix: none is returned.
+            need_weights = need_weights && proto.config().attention.computes_weights();
             Tensor q = to_tensor(query, fn, "query"), k = to_tensor(key, fn, "key"), v = to_tensor(value, fn, "value");
             const nn::MultiheadAttentionInputs in{.key_padding_mask = to_tensor(key_padding_mask, fn, "key_padding_mask"),
                                                   .need_weights = need_weights,
@@ -157,7 +225,8 @@ void bind_mha(py::module_& m) {
           py::arg("params"), py::arg("query"), py::arg("key"), py::arg("value"),
           py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
           py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
-          py::arg("is_causal") = false, py::arg("training") = false, py::arg("seed") = 0);
+          py::arg("is_causal") = false, py::arg("training") = false, py::arg("seed") = 0,
+          py::arg("feature_seed") = 0, py::arg("feature_step") = 0);
 }
 
 nn::TransformerEncoderLayerConfig layer_config(int64_t d_model, int64_t nhead, int64_t dim_feedforward,

@@ -186,3 +186,73 @@ def test_bad_input_names_the_function_and_argument():
         F.performer_features(4, 4, dtype="int8")
     with pytest.raises(ValueError, match="path"):
         F.axial_attention(np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4)), path="fast")
+
+
+# mha.nn.MultiheadAttention(attention=...): the variant chosen per head.
+
+KINDS = ["full", "window", "strided", "bigbird", "linear", "performer", "linformer", "lsh",
+         {"kind": "axial", "axial_width": 4}]
+
+
+def projected_heads(m, x):
+    n, L, d = x.shape
+    q, k, v = torch.nn.functional.linear(x, m.in_proj_weight, m.in_proj_bias).chunk(3, -1)
+    return [t.reshape(n, L, m.num_heads, d // m.num_heads).transpose(1, 2) for t in (q, k, v)]
+
+
+def merged(m, o):
+    n, h, L, hd = o.shape
+    return m.out_proj(o.transpose(1, 2).reshape(n, L, h * hd))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k if isinstance(k, str) else k["kind"])
+def test_module_every_kind_forward_and_backward(kind):
+    torch.manual_seed(0)
+    m = mha.nn.MultiheadAttention(16, 2, batch_first=True, attention=kind)
+    x = torch.randn(3, 16, 16, requires_grad=True)
+    out, weights = m(x, x, x)
+    assert out.shape == (3, 16, 16)
+    assert (weights is None) == (m.attention["kind"] not in ("full", "window"))
+    out.square().sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    if m.attention["kind"] == "linformer":
+        assert [n for n, _ in m.named_parameters()][-2:] == ["linformer.key_projection", "linformer.value_projection"]
+
+
+def test_module_equals_the_functional_variant_between_its_projections():
+    torch.manual_seed(1)
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    m = mha.nn.MultiheadAttention(16, 4, batch_first=True, attention="linear", dtype=torch.float64)
+    q, k, v = projected_heads(m, x)
+    torch.testing.assert_close(m(x, x, x, is_causal=True)[0], merged(m, F.linear_attention(q, k, v, causal=True)))
+    m = mha.nn.MultiheadAttention(16, 4, batch_first=True, dtype=torch.float64,
+                                  attention={"kind": "linformer", "projected": 5, "max_length": 20})
+    q, k, v = projected_heads(m, x)
+    pk, pv = m.linformer.key_projection[:, :12], m.linformer.value_projection[:, :12]
+    torch.testing.assert_close(m(x, x, x)[0], merged(m, F.linformer_attention(q, k, v, pk, pv)))
+    m = mha.nn.MultiheadAttention(16, 4, batch_first=True, dtype=torch.float64,
+                                  attention={"kind": "strided", "block": 4, "local_blocks": 1, "stride_blocks": 2})
+    q, k, v = projected_heads(m, x)
+    layout = F.strided_layout(12, block=4, local_blocks=1, stride_blocks=2, causal=True)
+    torch.testing.assert_close(m(x, x, x, is_causal=True)[0],
+                               merged(m, F.block_sparse_attention(q, k, v, layout, causal=True)))
+
+
+@pytest.mark.parametrize("kind", ["linear", "lsh", "performer", "linformer"])
+def test_module_gradcheck(kind):
+    torch.manual_seed(2)
+    m = mha.nn.MultiheadAttention(8, 2, batch_first=True, attention=kind, dtype=torch.float64)
+    x = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
+    m.eval()  # performer: the same features in every call
+    assert torch.autograd.gradcheck(lambda t: m(t, t, t)[0], (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_module_bad_attention_names_the_field():
+    with pytest.raises(ValueError, match="attention"):
+        mha.nn.MultiheadAttention(8, 2, attention={"kind": "lsh", "hashs": 2})
+    with pytest.raises(ValueError):
+        mha.nn.MultiheadAttention(8, 2, attention="sparse")
+    with pytest.raises(ValueError):
+        mha.nn.MultiheadAttention(8, 2, dropout=0.1, attention="linear")
