@@ -174,10 +174,14 @@ AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
 // The documented rule: fused for float32 and bfloat16 unless a mask gradient
 // is wanted; reference otherwise. A forced path must be able to run.
 AttentionPath choose_path(const AttentionParams& p, AttentionPath requested, bool mask_grad, const std::string& fn) {
-  const bool fused_ok = p.dtype != DType::float64 && !mask_grad;
+  const bool weights_grad = p.dweights.defined();
+  const bool fused_ok = p.dtype != DType::float64 && !mask_grad && !weights_grad;
   if (requested == AttentionPath::fused && !fused_ok)
-    raise<ValueError>(fn, "path", "float32 or bfloat16 inputs and no mask gradient for the fused path",
-                      mask_grad ? std::string("mask_grad = true") : to_string(p.dtype) + " inputs");
+    raise<ValueError>(fn, "path",
+                      "float32 or bfloat16 inputs, no mask gradient and no weights gradient for the fused path",
+                      mask_grad      ? std::string("mask_grad = true")
+                      : weights_grad ? std::string("dweights")
+                                     : to_string(p.dtype) + " inputs");
   if (requested == AttentionPath::automatic) return fused_ok ? AttentionPath::fused : AttentionPath::reference;
   return requested;
 }
@@ -214,7 +218,7 @@ AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const 
 
 AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, const Tensor& key,
                                       const Tensor& value, const AttentionOutput& forward,
-                                      const AttentionOptions& options, bool mask_grad) {
+                                      const AttentionOptions& options, bool mask_grad, const Tensor& dweights) {
   const std::string fn = "mha::attention_backward";
   AttentionParams p = make_params(query, key, value, options, fn);
   const Shape out_shape = with_tail(p.batch_shape, {p.L, p.Ev});
@@ -238,6 +242,15 @@ AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, c
   if (mask_grad && (!options.mask.defined() || p.mask_from_bool))
     raise<ValueError>(fn, "mask_grad", "a floating (additive) mask in options.mask",
                       options.mask.defined() ? "a bool mask" : "no mask");
+  if (dweights.defined()) {
+    const Shape weights_shape = with_tail(p.batch_shape, {p.L, p.S});
+    if (dweights.shape() != weights_shape)
+      raise<ShapeError>(fn, "dweights", "shape " + shape_string(weights_shape), shape_string(dweights.shape()));
+    if (dweights.dtype() != p.dtype) raise<DtypeError>(fn, "dweights", to_string(p.dtype), to_string(dweights.dtype()));
+    if (dweights.device() != query.device())
+      raise<DeviceError>(fn, "dweights", "the query's device " + to_string(query.device()), to_string(dweights.device()));
+    p.dweights = dweights.contiguous();
+  }
   p.path = choose_path(p, options.path, mask_grad, fn);
   AttentionGradients g;
   g.dquery = Tensor::empty(query.shape(), p.dtype, query.device());

@@ -116,7 +116,9 @@ Sweep sweep(const Call& call) {
     refuse_at = 0;
     if (refused == 0) {  // the call made fewer than k allocations: done
       EXPECT_TRUE(got.has_value()) << "a call that was refused nothing failed";
-      if (got) EXPECT_EQ(*got, fresh) << "the unrefused run";
+      if (got) {
+        EXPECT_EQ(*got, fresh) << "the unrefused run";
+      }
       break;
     }
     ++s.calls;

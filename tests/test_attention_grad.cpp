@@ -123,3 +123,62 @@ TEST(AttentionGrad, NonContiguousInputs) {
   EXPECT_LT(gradient_error(k, g.dkey, loss), 1e-6);
   EXPECT_LT(gradient_error(v, g.dvalue, loss), 1e-6);
 }
+
+// A loss on the returned weights as well as the output: d(Σ out∘R + Σ W∘G)
+// against central differences, with masks, causality, GQA, broadcast batch
+// dims and dropout (W holds the dropout factors), and with the loss on W only.
+TEST(AttentionGrad, ThroughTheReturnedWeights) {
+  std::vector<bool> allowed;
+  for (int64_t i = 0; i < 6 * 5; ++i) allowed.push_back(i % 4 != 1 && i / 5 != 2);  // row 2 fully masked
+  const std::vector<GradCase> cases{
+      {"plain", {2, 6, 3}, {2, 5, 3}, {2, 5, 2}, {}},
+      {"bool mask, a fully masked row", {2, 6, 3}, {2, 5, 3}, {2, 5, 2}, {.mask = Tensor::from_bools(allowed, {6, 5})}},
+      {"causal bottom-right, window", {1, 2, 6, 3}, {1, 2, 5, 3}, {1, 2, 5, 2},
+       {.causal = Causal::bottom_right, .window_left = 2}},
+      {"gqa, broadcast batch", {2, 4, 6, 3}, {1, 2, 5, 3}, {1, 2, 5, 2}, {}},
+      {"dropout", {2, 6, 3}, {2, 5, 3}, {2, 5, 2}, {.dropout_p = 0.3, .dropout_seed = 9}},
+  };
+  for (bool with_out : {true, false})
+    for (const GradCase& c : cases) {
+      SCOPED_TRACE(c.name + (with_out ? "" : ", loss on the weights only"));
+      Tensor q = random_tensor(c.q, 21), k = random_tensor(c.k, 22), v = random_tensor(c.v, 23);
+      AttentionOptions o = c.options;
+      o.return_weights = true;
+      const AttentionOutput fwd = attention_forward(q, k, v, o);
+      const Tensor r = with_out ? random_tensor(fwd.out.shape(), 24) : Tensor::zeros(fwd.out.shape(), DType::float64);
+      const Tensor gw = random_tensor(fwd.weights.shape(), 25);
+      const AttentionGradients g = attention_backward(r, q, k, v, fwd, o, false, gw);
+      auto loss = [&] {
+        const AttentionOutput f = attention_forward(q, k, v, o);
+        return weighted_sum(f.out, r) + weighted_sum(f.weights, gw);
+      };
+      EXPECT_LT(gradient_error(q, g.dquery, loss), 1e-6) << "dquery";
+      EXPECT_LT(gradient_error(k, g.dkey, loss), 1e-6) << "dkey";
+      EXPECT_LT(gradient_error(v, g.dvalue, loss), 1e-6) << "dvalue";
+      EXPECT_GT(max_abs(g.dquery), 0.0);
+      if (!with_out) {
+        EXPECT_EQ(max_abs(g.dvalue), 0.0);  // the weights do not depend on v
+      }
+    }
+}
+
+// float32 through the automatic path (the reference backward runs); the fused path is refused by name.
+TEST(AttentionGrad, ThroughTheReturnedWeightsInFloat32) {
+  const Tensor q = random_tensor({2, 2, 9, 4}, 31, DType::float32), k = random_tensor({2, 2, 11, 4}, 32, DType::float32),
+               v = random_tensor({2, 2, 11, 3}, 33, DType::float32);
+  AttentionOptions o{.causal = Causal::bottom_right, .return_weights = true};
+  const AttentionOutput f = attention_forward(q, k, v, o);
+  const Tensor r = random_tensor(f.out.shape(), 34, DType::float32), gw = random_tensor(f.weights.shape(), 35, DType::float32);
+  const AttentionGradients got = attention_backward(r, q, k, v, f, o, false, gw);
+  AttentionOptions o64 = o;
+  const AttentionOutput f64 = attention_forward(q.to(DType::float64), k.to(DType::float64), v.to(DType::float64), o64);
+  const AttentionGradients want = attention_backward(r.to(DType::float64), q.to(DType::float64), k.to(DType::float64),
+                                                     v.to(DType::float64), f64, o64, false, gw.to(DType::float64));
+  EXPECT_LT(max_abs_diff(got.dquery.to(DType::float64), want.dquery), 1e-5);
+  EXPECT_LT(max_abs_diff(got.dkey.to(DType::float64), want.dkey), 1e-5);
+  EXPECT_LT(max_abs_diff(got.dvalue.to(DType::float64), want.dvalue), 1e-5);
+  o.path = AttentionPath::fused;
+  expect_error<ValueError>([&] { attention_backward(r, q, k, v, f, o, false, gw); }, "no weights gradient");
+  expect_error<ShapeError>([&] { attention_backward(r, q, k, v, f, {}, false, gw.slice(-1, 0, 5)); }, "dweights");
+  expect_error<DtypeError>([&] { attention_backward(r, q, k, v, f, {}, false, gw.to(DType::float64)); }, "dweights");
+}

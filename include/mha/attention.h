@@ -80,9 +80,15 @@ struct AttentionGradients {
 // dout: the gradient of out, shaped like out. `forward` is what
 // attention_forward returned for the same inputs and options.
 // mask_grad: also return the gradient of a floating (additive) mask.
+// dweights: the gradient of forward.weights, when a loss used the returned
+// weights too (attention supervision, attention transfer, entropy penalties):
+// shaped (batch…, L, S) in the query's dtype, or undefined. With W = P ∘ C
+// (C the dropout factors) it joins dout's: dP_ij = C_ij (dout_i·v_j + dW_ij),
+// and the softmax's backward subtracts D_i = Σ_j P_ij dP_ij = dout_i·out_i +
+// Σ_j W_ij dW_ij. Runs on the reference path (a fused request is refused).
 AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, const Tensor& key,
                                       const Tensor& value, const AttentionOutput& forward,
                                       const AttentionOptions& options = {},
-                                      bool mask_grad = false);
+                                      bool mask_grad = false, const Tensor& dweights = {});
 
 }  // namespace mha

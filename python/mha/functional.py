@@ -91,18 +91,20 @@ if torch is not None:
 
         @staticmethod
         def backward(ctx, dout, dweights, _dlse):
-            if dweights is not None and bool(dweights.ne(0).any()):
-                raise RuntimeError("[mha.functional.attention] weights: gradients through the returned "
-                                   "attention weights are not supported; only through the output")
+            # A loss on the returned weights adds their gradient to the softmax's (the C++ reference path).
             query, key, value, mask, out, lse = ctx.saved_tensors
-            if dout is None:
+            if dout is None and dweights is None:
                 return (None,) * 6
+            if dout is None:
+                dout = torch.zeros_like(out)
             fn = "mha.functional.attention.backward"
             mask_grad = bool(ctx.needs_input_grad[3]) and mask is not None and mask.is_floating_point()
             dq, dk, dv, dmask = _mha.attention_backward(
                 to_numpy(dout, fn, "grad_out")[0], to_numpy(query, fn, "query")[0],
                 to_numpy(key, fn, "key")[0], to_numpy(value, fn, "value")[0], to_numpy(out, fn, "out")[0],
-                to_numpy(lse, fn, "lse")[0], ctx.mask, mask_grad=mask_grad, bf16=ctx.bf16, **ctx.cfg)
+                to_numpy(lse, fn, "lse")[0], ctx.mask, mask_grad=mask_grad, bf16=ctx.bf16,
+                grad_weights=to_numpy(dweights.contiguous(), fn, "grad_weights")[0] if dweights is not None else None,
+                **ctx.cfg)
             dmask = to_torch(dmask)
             if dmask is not None:
                 dmask = dmask.to(mask.dtype)

@@ -70,18 +70,20 @@ class _Layer(torch.autograd.Function):
         ctx.save_for_backward(*tensors[n_inputs:])  # lets autograd catch in-place changes to parameters
         ctx.set_materialize_grads(False)
         outs = tuple(to_torch(o) for o in outputs)
+        ctx.output = outs[0].detach()  # a zero gradient for it when only the weights are used
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, dy, *dextra):
-        for d in dextra:
-            if d is not None and bool(d.ne(0).any()):
-                raise RuntimeError("[mha.nn] attn_output_weights: gradients through the returned attention "
-                                   "weights are not supported; only through the output")
+        # dextra: MultiheadAttention's attn_output_weights, whose gradient joins the output's.
         params = ctx.saved_tensors
-        if dy is None:
+        dweights = dextra[0] if dextra else None
+        if dy is None and dweights is None:
             return (None, None) + (None,) * (ctx.n_inputs + len(params))
-        *input_grads, param_grads = ctx.state.backward(to_numpy(dy.contiguous(), "mha.nn", "grad")[0])
+        if dy is None:
+            dy = torch.zeros_like(ctx.output)
+        extra = {} if dweights is None else {"grad_weights": to_numpy(dweights.contiguous(), "mha.nn", "grad")[0]}
+        *input_grads, param_grads = ctx.state.backward(to_numpy(dy.contiguous(), "mha.nn", "grad")[0], **extra)
         grads = [to_torch(g) for g in input_grads] + [to_torch(g) for g in param_grads]
         return (None, None) + tuple(grads)
 

@@ -60,18 +60,19 @@ py::tuple forward(const py::object& q, const py::object& k, const py::object& v,
 py::tuple backward(const py::object& dout, const py::object& q, const py::object& k, const py::object& v,
                    const py::object& out, const py::object& lse, const py::object& mask, const std::string& causal,
                    int64_t window_left, int64_t window_right, std::optional<double> scale, double dropout_p,
-                   uint64_t dropout_seed, const std::string& path, bool mask_grad, bool bf16) {
+                   uint64_t dropout_seed, const std::string& path, bool mask_grad, bool bf16,
+                   const py::object& dweights) {
   const char* fn = "mha.attention_backward";
   AttentionOptions o = options_of(mask, causal, window_left, window_right, scale, dropout_p, dropout_seed, path, fn);
   Tensor tq = to_tensor(q, fn, "query", bf16), tk = to_tensor(k, fn, "key", bf16), tv = to_tensor(v, fn, "value", bf16);
-  Tensor tdout = to_tensor(dout, fn, "grad_out", bf16);
+  Tensor tdout = to_tensor(dout, fn, "grad_out", bf16), tdweights = to_tensor(dweights, fn, "grad_weights", bf16);
   AttentionOutput f;
   f.out = to_tensor(out, fn, "out", bf16);
   f.lse = to_tensor(lse, fn, "lse");
   AttentionGradients g;
   {
     py::gil_scoped_release nogil;
-    g = attention_backward(tdout, tq, tk, tv, f, o, mask_grad);
+    g = attention_backward(tdout, tq, tk, tv, f, o, mask_grad, tdweights);
   }
   return py::make_tuple(to_numpy(g.dquery), to_numpy(g.dkey), to_numpy(g.dvalue), to_numpy(g.dmask));
 }
@@ -106,7 +107,9 @@ PYBIND11_MODULE(_mha, m) {
         py::arg("causal") = "none", py::arg("window_left") = -1, py::arg("window_right") = -1,
         py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,
         py::arg("path") = "automatic", py::arg("mask_grad") = false, py::arg("bf16") = false,
-        "Gradients of attention_forward -> (dquery, dkey, dvalue, dmask or None).");
+        py::arg("grad_weights") = py::none(),
+        "Gradients of attention_forward -> (dquery, dkey, dvalue, dmask or None); grad_weights: the "
+        "returned weights' gradient, if a loss used them.");
   mha::python::bind_layers(m);
   mha::python::bind_variants(m);
 }

@@ -167,17 +167,20 @@ struct DecoderState {
 
 void bind_mha(py::module_& m) {
   py::class_<MhaState>(m, "MultiheadAttentionState")
-      .def("backward", [](MhaState& s, const py::object& dout) {
-        const char* fn = "mha.MultiheadAttention.backward";
-        Tensor dy = to_tensor(dout, fn, "grad_output");
-        nn::MultiheadAttentionInputGradients g;
-        zero_grads(*s.m);
-        {
-          py::gil_scoped_release nogil;
-          g = s.m->backward(dy);
-        }
-        return py::make_tuple(to_numpy(g.dquery), to_numpy(g.dkey), to_numpy(g.dvalue), grads_of(*s.m));
-      });
+      .def(
+          "backward",
+          [](MhaState& s, const py::object& dout, const py::object& dweights) {
+            const char* fn = "mha.MultiheadAttention.backward";
+            Tensor dy = to_tensor(dout, fn, "grad_output"), dw = to_tensor(dweights, fn, "grad_weights");
+            nn::MultiheadAttentionInputGradients g;
+            zero_grads(*s.m);
+            {
+              py::gil_scoped_release nogil;
+              g = s.m->backward(dy, dw);
+            }
+            return py::make_tuple(to_numpy(g.dquery), to_numpy(g.dkey), to_numpy(g.dvalue), grads_of(*s.m));
+          },
+          py::arg("grad_output"), py::arg("grad_weights") = py::none());
 
   py::class_<MultiheadAttention, std::shared_ptr<MultiheadAttention>>(m, "MultiheadAttention")
       .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,

@@ -165,6 +165,8 @@ struct MultiheadAttention::Saved {
   AttentionOutput attention;  // out (N, H, L, hd) and lse
   Shape output_shape;
   Shape bias_shape;           // attn_bias's, when backward returns its gradient
+  Shape weights_shape;        // the returned weights', when need_weights (else empty)
+  bool averaged_weights = false;
   std::shared_ptr<VariantSaved> variant;  // an efficient variant's core, instead of `attention`
 };
 
@@ -527,17 +529,44 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     }
     w = w.to(c.dtype);  // bfloat16 under bf16_mixed
     result.weights = rank == 2 ? w.select(0, 0) : w;
+    s.weights_shape = result.weights.shape(), s.averaged_weights = in.average_attn_weights;
   }
   saved_ = std::move(saved);
   return result;
 }
 
-MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& doutput) {
+namespace {
+
+// The heads' weights gradient (N, H, L, S) in `dtype` from that of the
+// returned weights: per head as they are, or averaged over the heads (each
+// head's weights entered the mean with 1/H).
+Tensor heads_weights_gradient(const Tensor& dweights, bool averaged, int64_t N, int64_t H, int64_t L, int64_t S,
+                              DType dtype) {
+  const std::vector<double> d = dweights.contiguous().to_vector();
+  if (!averaged) return Tensor::from_values(d, {N, H, L, S}, dtype);
+  std::vector<double> per_head(size_t(N * H * L * S));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t x = 0; x < L * S; ++x) per_head[size_t((n * H + h) * L * S + x)] = d[size_t(n * L * S + x)] / double(H);
+  return Tensor::from_values(per_head, {N, H, L, S}, dtype);
+}
+
+}  // namespace
+
+MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& doutput, const Tensor& dweights) {
   if (!saved_) throw StateError(std::string("[") + kBackward + "] state: expected a forward call first; got none");
   Saved& s = *saved_;
   const MultiheadAttentionConfig& c = config_;
   const int64_t D = c.embed_dim, H = c.num_heads, N = s.qs.N, L = s.qs.L, S = s.ks.L;
   check_defined(doutput, kBackward, "doutput");
+  if (dweights.defined()) {
+    if (s.weights_shape.empty())
+      raise<ValueError>(kBackward, "dweights", "a forward with need_weights = true", "a forward without weights");
+    if (dweights.shape() != s.weights_shape)
+      raise<ShapeError>(kBackward, "dweights", "the weights' shape " + shape_string(s.weights_shape),
+                        shape_string(dweights.shape()));
+    if (dweights.dtype() != c.dtype) raise<DtypeError>(kBackward, "dweights", to_string(c.dtype), to_string(dweights.dtype()));
+  }
   if (doutput.shape() != s.output_shape)
     raise<ShapeError>(kBackward, "doutput", "the output's shape " + shape_string(s.output_shape), shape_string(doutput.shape()));
   if (doutput.dtype() != c.dtype) raise<DtypeError>(kBackward, "doutput", to_string(c.dtype), to_string(doutput.dtype()));
@@ -588,8 +617,11 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
           for (int64_t i = 0; i < d->numel(); ++i) sum[i] += add[i];
         }
     } else {
+      const Tensor dw = dweights.defined() ? heads_weights_gradient(dweights, s.averaged_weights, N, H, L, s.S_total,
+                                                                    s.attention.weights.dtype())
+                                           : Tensor{};
       ag = attention_backward(split_heads(as_operand<A>(dheads), H), split_heads(s.q, H), split_heads(s.k, H),
-                              split_heads(s.v, H), s.attention, s.options, bias_grad);
+                              split_heads(s.v, H), s.attention, s.options, bias_grad, dw);
     }
     if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
     Tensor dq = Tensor::empty({N, L, D}, c.dtype), dk = Tensor::empty({N, s.S_total, D}, c.dtype),

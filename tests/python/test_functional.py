@@ -209,9 +209,50 @@ def test_errors_are_value_errors_with_the_cpp_message():
         F.attention(q.astype(np.int32), q, q)
     with pytest.raises(ValueError, match="causal"):
         F.attention(q, q, q, causal="diagonal")
-    with pytest.raises(RuntimeError, match="weights"):
+    with pytest.raises(ValueError, match="no weights gradient"):
         qt = torch.randn(1, 3, 4, requires_grad=True)
-        F.attention(qt, qt, qt, return_weights=True)[1].sum().backward()
+        F.attention(qt, qt, qt, return_weights=True, path="fused")[1].square().sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("loss_on", ["weights", "both", "entropy"])
+def test_gradients_through_the_returned_weights(configuration, dtype, loss_on):
+    """Attention supervision, attention transfer and entropy penalties: a loss on the weights."""
+    torch.manual_seed(9)
+    q, k, v = (torch.randn(2, 3, 6, 4, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = torch.rand(6, 6) > 0.3
+    mask[:, 0] = True
+    target = torch.softmax(torch.randn(2, 3, 6, 6, dtype=dtype), -1)
+
+    def loss(out, w):
+        if loss_on == "entropy":
+            return -(w * torch.log(w.clamp_min(1e-30))).sum()
+        kl = (target * (torch.log(target) - torch.log(w.clamp_min(1e-30)))).sum()
+        return kl + (out.square().sum() if loss_on == "both" else 0)
+
+    out, w = F.attention(q, k, v, mask, return_weights=True)
+    loss(out, w).backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    logits = (q @ k.transpose(-1, -2) / 2).masked_fill(~mask, -math.inf)
+    ref_w = torch.softmax(logits, -1)
+    loss(ref_w @ v, ref_w).backward()
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    compare(w, ref_w, f"weights ({loss_on})", tol=tol)
+    for name, g, t in zip("qkv", got, (q, k, v)):
+        want = t.grad if t.grad is not None else torch.zeros_like(t)  # torch: None for v unused
+        compare(g, want, f"d{name} through the weights ({loss_on}, {dtype})", tol=tol)
+
+
+def test_gradcheck_through_the_weights_with_dropout():
+    q, k, v = (torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def f(a, b, c):
+        out, w = F.attention(a, b, c, causal="top_left", dropout_p=0.2, dropout_seed=4, return_weights=True)
+        return out.sum() + (w * torch.arange(5.0, dtype=torch.float64)).sum()
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
 
 
 def test_nan_propagates_as_in_pytorch():

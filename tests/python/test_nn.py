@@ -1,4 +1,5 @@
-"""mha.nn against torch.nn (PyTorch 1.13): same weights and inputs, same outputs and gradients.
+"""mha.nn against torch.nn (PyTorch 1.13): same weights and inputs, same outputs and gradients
+(through the returned attention weights too, where a module returns them).
 
 Each configuration builds the torch module, loads its state_dict into mha's,
 runs both on the same inputs and compares the outputs, the returned weights,
@@ -30,8 +31,12 @@ def compare_modules(ours, theirs, inputs, call, what):
         else:
             compare(a, b, f"{what} output {i}")
     g = torch.randn_like(out_b[0])
-    (out_a[0] * g).sum().backward()
-    (out_b[0] * g).sum().backward()
+    loss_a, loss_b = (out_a[0] * g).sum(), (out_b[0] * g).sum()
+    if len(out_b) > 1 and out_b[1] is not None:  # a loss on the attention weights too (averaged or per head)
+        gw = torch.randn_like(out_b[1])
+        loss_a, loss_b = loss_a + (out_a[1] * gw).sum(), loss_b + (out_b[1] * gw).sum()
+    loss_a.backward()
+    loss_b.backward()
     for i, (a, b) in enumerate(zip(xs_a, xs_b)):
         if b.grad is not None:
             compare(a.grad, b.grad, f"{what} d(input {i})")
@@ -229,6 +234,6 @@ def test_errors():
     m = mha.nn.MultiheadAttention(E, H)
     with pytest.raises(ValueError, match=r"\[mha::nn::MultiheadAttention::forward\]"):
         m(torch.randn(L, N, E + 1), torch.randn(L, N, E), torch.randn(L, N, E))
-    with pytest.raises(RuntimeError, match="weights"):
-        x = torch.randn(L, N, E, requires_grad=True)
-        m(x, x, x)[1].sum().backward()
+    x = torch.randn(L, N, E, requires_grad=True)
+    m(x, x, x)[1].square().sum().backward()  # a loss on the weights alone reaches the input
+    assert x.grad is not None and x.grad.abs().sum() > 0

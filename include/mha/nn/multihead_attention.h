@@ -119,7 +119,10 @@ class MultiheadAttention : public Module {
                                    const MultiheadAttentionInputs& inputs = {});
 
   // Gradients of the last forward's inputs; adds into every parameter's grad.
-  MultiheadAttentionInputGradients backward(const Tensor& doutput);
+  // dweights: the gradient of the returned weights (their shape: averaged or
+  // per head, as the forward returned them) when a loss used them; the
+  // attention's backward then runs on the reference path.
+  MultiheadAttentionInputGradients backward(const Tensor& doutput, const Tensor& dweights = {});
   void release_activations() override { saved_.reset(); }
 
   // Self-attention for decoding (inference: no dropout, nothing saved for

@@ -170,6 +170,7 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
   const Dropout<A> dropout(p);
   const int64_t B = p.batch, L = p.L, S = p.S, E = p.E, Ev = p.Ev;
   const A scale = A(p.scale);
+  const T* dweights = p.dweights.defined() ? p.dweights.data<T>() : nullptr;
   std::vector<A> dq(size_t(B * L * E), A(0)), dk(size_t(B * S * E), A(0)), dv(size_t(B * S * Ev), A(0));
   std::vector<A> ds(g.dmask.defined() ? size_t(B * L * S) : 0, A(0));
   RegionErrors errors;
@@ -188,7 +189,13 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
         A max;
         row_logits<T, A>(p, q, k, mask, b, i, begin, end, s.data(), keep.data(), max);
         const T* doi = dout.at(b, i);
-        const A D = dot<A>(doi, dout.col, out.at(b, i), out.col, Ev);
+        // D_i = Σ_j P_ij dP_ij: dout_i·out_i, plus Σ_j W_ij dW_ij when the weights have a gradient.
+        const T* dwi = dweights ? dweights + (b * L + i) * S : nullptr;
+        A D = dot<A>(doi, dout.col, out.at(b, i), out.col, Ev);
+        if (dwi)
+          for (int64_t j = begin; j < end; ++j)
+            if (keep[size_t(j)])
+              D += std::exp(s[size_t(j)] - lse_i) * dropout.factor(b, i, j) * load_as<A>(dwi[j]);
         const T* qi = q.at(b, i);
         A* dqi = &dq[size_t((b * L + i) * E)];
         for (int64_t j = begin; j < end; ++j) {
@@ -196,7 +203,8 @@ void backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOut
           const A prob = std::exp(s[size_t(j)] - lse_i), c = dropout.factor(b, i, j);
           const T* vj = v.at(b, j);
           const T* kj = k.at(b, j);
-          const A dsij = prob * (c * dot<A>(doi, dout.col, vj, v.col, Ev) - D);
+          const A dp = dot<A>(doi, dout.col, vj, v.col, Ev) + (dwi ? load_as<A>(dwi[j]) : A(0));
+          const A dsij = prob * (c * dp - D);
           A* dvj = &dv[size_t((b * S + j) * Ev)];
           A* dkj = &dk[size_t((b * S + j) * E)];
           for (int64_t e = 0; e < Ev; ++e) dvj[e] += prob * c * load_as<A>(doi[e * dout.col]);
