@@ -46,19 +46,21 @@ def _run(fn, forward, tensors, outputs):
     values = [value for _, value in tensors]
     if any(is_torch(v) for v in values):
         return _Variant.apply(fn, forward, names, outputs, *values)
-    arrays = [to_numpy(v, fn, name) for name, v in tensors]
+    return _call(fn, forward, names, values)[:outputs]
+
+
+def _call(fn, forward, names, values):
+    """forward(*arrays, bf16) on the values as arrays; its results, and whether they are bfloat16."""
+    arrays = [to_numpy(v, fn, name) for name, v in zip(names, values)]
     bf16 = any(flag for _, flag in arrays)
-    results = forward(*[a for a, _ in arrays], bf16)
-    return results[:outputs]
+    return forward(*[a for a, _ in arrays], bf16) + (bf16,)
 
 
 if torch is not None:
     class _Variant(torch.autograd.Function):
         @staticmethod
         def forward(ctx, fn, forward, names, outputs, *tensors):
-            arrays = [to_numpy(t, fn, name) for name, t in zip(names, tensors)]
-            bf16 = any(flag for _, flag in arrays)
-            results = forward(*[a for a, _ in arrays], bf16)
+            *results, bf16 = _call(fn, forward, names, tensors)
             ctx.call, ctx.bf16, ctx.fn, ctx.inputs = results[-1], bf16, fn, len(tensors)
             out = tuple(to_torch(r, bf16) for r in results[:outputs])
             ctx.mark_non_differentiable(*out[1:])

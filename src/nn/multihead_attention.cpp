@@ -10,6 +10,7 @@
 #include "check.h"
 #include "cpu/gemm.h"
 #include "mha/nn/positional.h"
+#include "nn/attention_inputs.h"
 #include "nn/mixed_precision.h"
 #include "nn/variant_core.h"
 
@@ -271,55 +272,6 @@ std::vector<NamedParameter> MultiheadAttention::named_parameters() {
 
 namespace {
 
-// The user's attn_mask and key_padding_mask as one mask for the attention
-// core, shaped (N or 1, H or 1, L or 1, S_total): bool (true = may attend)
-// when both are bool or absent and not force_additive, else additive in
-// `dtype`. Columns added for bias_k / zero attention are always visible.
-Tensor combine_masks(const char* fn, const MultiheadAttentionInputs& in, int64_t N, int64_t H, int64_t L, int64_t S,
-                     int64_t S_total, bool batched, DType dtype, bool force_additive) {
-  const Tensor& am = in.attn_mask;
-  const Tensor& kpm = in.key_padding_mask;
-  if (!am.defined() && !kpm.defined()) return {};
-  if (am.defined()) {
-    const bool ok = (am.dim() == 2 && am.shape() == Shape{L, S}) ||
-                    (am.dim() == 3 && am.shape() == Shape{N * H, L, S});
-    if (!ok)
-      raise<ShapeError>(fn, "attn_mask",
-                        "shape " + shape_string({L, S}) + " or " + shape_string({N * H, L, S}),
-                        shape_string(am.shape()));
-  }
-  if (kpm.defined()) {
-    const Shape want = batched ? Shape{N, S} : Shape{S};
-    if (kpm.shape() != want)
-      raise<ShapeError>(fn, "key_padding_mask", "shape " + shape_string(want), shape_string(kpm.shape()));
-  }
-  const bool per_head = am.defined() && am.dim() == 3;
-  const int64_t Nm = (per_head || kpm.defined()) ? N : 1, Hm = per_head ? H : 1, Lm = am.defined() ? L : 1;
-  const bool all_bool = !force_additive && (!am.defined() || am.dtype() == DType::boolean) &&
-                        (!kpm.defined() || kpm.dtype() == DType::boolean);
-  const std::vector<double> a = am.defined() ? am.contiguous().to_vector() : std::vector<double>{};
-  const std::vector<double> k = kpm.defined() ? kpm.contiguous().to_vector() : std::vector<double>{};
-  const bool a_bool = am.defined() && am.dtype() == DType::boolean;
-  const bool k_bool = kpm.defined() && kpm.dtype() == DType::boolean;
-  // torch: a true bool entry masks out (-inf); a float entry is added.
-  auto additive = [](double x, bool is_bool) { return is_bool ? (x != 0.0 ? -INFINITY : 0.0) : x; };
-  Tensor mask = Tensor::empty({Nm, Hm, Lm, S_total}, all_bool ? DType::boolean : dtype);
-  std::vector<double> values(size_t(mask.numel()));
-  size_t x = 0;
-  for (int64_t n = 0; n < Nm; ++n)
-    for (int64_t h = 0; h < Hm; ++h)
-      for (int64_t l = 0; l < Lm; ++l)
-        for (int64_t s = 0; s < S_total; ++s, ++x) {
-          double add = 0.0;
-          if (s < S) {
-            if (am.defined()) add += additive(a[size_t(((per_head ? n * H + h : 0) * L + l) * S + s)], a_bool);
-            if (kpm.defined()) add += additive(k[size_t(n * S + s)], k_bool);
-          }
-          values[x] = all_bool ? (add == 0.0 ? 1.0 : 0.0) : add;
-        }
-  return Tensor::from_values(values, mask.shape(), mask.dtype());
-}
-
 template <class T>
 const T* ptr_or_null(const Tensor& t, int64_t offset = 0) {
   return t.defined() ? t.data<T>() + offset : nullptr;
@@ -327,42 +279,6 @@ const T* ptr_or_null(const Tensor& t, int64_t offset = 0) {
 template <class T>
 T* mut_ptr_or_null(Tensor& t, int64_t offset = 0) {
   return t.defined() ? t.data<T>() + offset : nullptr;
-}
-
-// attn_bias (1 or N, H, L, S) in the module's dtype (float by construction).
-void check_attn_bias(const char* fn, const Tensor& bias, int64_t N, int64_t H, int64_t L, int64_t S, DType dtype) {
-  if (bias.dtype() != dtype) raise<DtypeError>(fn, "attn_bias", to_string(dtype) + " (the module's dtype)", to_string(bias.dtype()));
-  if (bias.device() != Device::cpu) raise<DeviceError>(fn, "attn_bias", "a cpu tensor", to_string(bias.device()));
-  if (bias.dim() != 4 || (bias.size(0) != 1 && bias.size(0) != N) || bias.size(1) != H || bias.size(2) != L ||
-      bias.size(3) != S)
-    raise<ShapeError>(fn, "attn_bias", "(1 or N, H, L, S) = (1 or " + std::to_string(N) + ", " + std::to_string(H) +
-                      ", " + std::to_string(L) + ", " + std::to_string(S) + ")", shape_string(bias.shape()));
-}
-
-// The additive mask (Nm, Hm, Lm, S_total) or none, plus bias (Nb, H, L, S) on
-// its first S columns: (max(Nm, Nb), H, L, S_total).
-Tensor add_bias(const Tensor& mask, const Tensor& bias, int64_t S_total) {
-  const int64_t N = std::max(mask.defined() ? mask.size(0) : 1, bias.size(0)), H = bias.size(1), L = bias.size(2),
-                S = bias.size(3);
-  const Shape shape{N, H, L, S_total};
-  std::vector<double> sum = mask.defined() ? mask.expand(shape).contiguous().to_vector()
-                                           : std::vector<double>(size_t(shape_numel(shape)), 0.0);
-  const std::vector<double> b = bias.expand({N, H, L, S}).contiguous().to_vector();
-  for (int64_t row = 0; row < N * H * L; ++row)
-    for (int64_t s = 0; s < S; ++s) sum[size_t(row * S_total + s)] += b[size_t(row * S + s)];
-  return Tensor::from_values(sum, shape, bias.dtype());
-}
-
-// The bias's gradient from that of the mask add_bias made: its first S
-// columns, summed over the batch dim when the bias broadcast over it.
-Tensor bias_gradient(const Tensor& dmask, const Shape& bias_shape) {
-  const Tensor d = dmask.slice(3, 0, bias_shape[3]).contiguous();
-  if (d.size(0) == bias_shape[0]) return d;
-  const int64_t per_entry = shape_numel(bias_shape);
-  const std::vector<double> all = d.to_vector();
-  std::vector<double> sum(size_t(per_entry), 0.0);
-  for (size_t x = 0; x < all.size(); ++x) sum[x % size_t(per_entry)] += all[x];
-  return Tensor::from_values(sum, bias_shape, d.dtype());
 }
 
 void check_input(const char* fn, const Tensor& t, const char* name, int64_t rank, int64_t last, const char* last_name,
@@ -518,15 +434,7 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   result.output = output;
   if (in.need_weights) {
     Tensor w = s.attention.weights;  // (N, H, L, S_total)
-    if (in.average_attn_weights) {
-      Tensor avg = Tensor::zeros({N, L, s.S_total}, DType::float64);
-      double* a = avg.data<double>();
-      const std::vector<double> all = w.to_vector();
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t x = 0; x < L * s.S_total; ++x) a[n * L * s.S_total + x] += all[size_t((n * H + h) * L * s.S_total + x)] / double(H);
-      w = avg;
-    }
+    if (in.average_attn_weights) w = average_heads(w, N, H, L, s.S_total);
     w = w.to(c.dtype);  // bfloat16 under bf16_mixed
     result.weights = rank == 2 ? w.select(0, 0) : w;
     s.weights_shape = result.weights.shape(), s.averaged_weights = in.average_attn_weights;
@@ -534,24 +442,6 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   saved_ = std::move(saved);
   return result;
 }
-
-namespace {
-
-// The heads' weights gradient (N, H, L, S) in `dtype` from that of the
-// returned weights: per head as they are, or averaged over the heads (each
-// head's weights entered the mean with 1/H).
-Tensor heads_weights_gradient(const Tensor& dweights, bool averaged, int64_t N, int64_t H, int64_t L, int64_t S,
-                              DType dtype) {
-  const std::vector<double> d = dweights.contiguous().to_vector();
-  if (!averaged) return Tensor::from_values(d, {N, H, L, S}, dtype);
-  std::vector<double> per_head(size_t(N * H * L * S));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t x = 0; x < L * S; ++x) per_head[size_t((n * H + h) * L * S + x)] = d[size_t(n * L * S + x)] / double(H);
-  return Tensor::from_values(per_head, {N, H, L, S}, dtype);
-}
-
-}  // namespace
 
 MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& doutput, const Tensor& dweights) {
   if (!saved_) throw StateError(std::string("[") + kBackward + "] state: expected a forward call first; got none");
