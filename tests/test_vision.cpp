@@ -2,8 +2,11 @@
 #include <zlib.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
+#include "mha/train/checkpoint.h"
 #include "mha/train/vision.h"
 #include "testing.h"
 
@@ -130,4 +133,56 @@ TEST(Digits, AShortAxialTrainingRunLearns) {
       vit, data, {.steps = 300, .batch_size = 32, .lr = 3e-3, .min_lr = 1e-4, .warmup = 10, .eval_every = 0});
   std::printf("  digits, axial: held-out accuracy %.2f after %lld steps\n", r.heldout_exact_match, (long long)r.steps);
   EXPECT_GT(r.heldout_exact_match, 0.35);  // chance: 0.1
+}
+
+// A ViT's checkpoint: the same logits after a reload, every config field
+// back, and the token models' loader sends the caller to the right one.
+TEST(VisionCheckpoint, RoundTripsAndRefusesWhatIsNotWhole) {
+  Generator g(4);
+  const VisionTransformerConfig config{.image_side = 6, .patch = 3, .classes = 4, .d_model = 8, .nhead = 2,
+                                       .num_layers = 2, .dim_feedforward = 12, .activation = Activation::relu,
+                                       .attention = {.kind = AttentionKind::window, .window = 2}};
+  VisionTransformer vit(config, g);
+  vit.eval();
+  const Tensor images = random_tensor({3, 36}, 5, DType::float32);
+  const Tensor logits = vit.forward(images);
+  const std::string dir = temp_dir("mha_vit_");
+  train::save_vision_checkpoint(dir, vit, {.model = config, .seed = 9, .steps = 12, .heldout_accuracy = 0.75});
+  EXPECT_EQ(train::checkpoint_architecture(dir), "vision");
+  train::LoadedVisionCheckpoint loaded = train::load_vision_checkpoint(dir);
+  EXPECT_EQ(loaded.info.seed, 9u);
+  EXPECT_EQ(loaded.info.steps, 12);
+  EXPECT_EQ(loaded.info.heldout_accuracy, 0.75);
+  EXPECT_EQ(loaded.info.model.patch, 3);
+  EXPECT_EQ(loaded.info.model.classes, 4);
+  EXPECT_EQ(loaded.info.model.activation, Activation::relu);
+  EXPECT_EQ(loaded.info.model.attention.kind, AttentionKind::window);
+  EXPECT_EQ(loaded.info.model.attention.window, 2);
+  EXPECT_TRUE(loaded.checksummed);
+  EXPECT_EQ(max_abs_diff(loaded.model->forward(images), logits), 0.0);
+  expect_error<FormatError>([&] { train::load_checkpoint(dir); }, {"config.json", "load_vision_checkpoint"});
+
+  // Another save's config beside these weights: refused.
+  const std::string config_text = [&] {
+    std::ifstream f(dir + "/config.json");
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }();
+  train::save_vision_checkpoint(dir, vit, {.model = config, .steps = 13});
+  { std::ofstream(dir + "/config.json") << config_text; }
+  expect_error<FormatError>([&] { train::load_vision_checkpoint(dir); }, {"model.safetensors", "interrupted save"});
+  // One changed byte in the weights: refused by its checksum.
+  train::save_vision_checkpoint(dir, vit, {.model = config});
+  {
+    std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-5, std::ios::end);
+    c = char(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  expect_error<FormatError>([&] { train::load_vision_checkpoint(dir); }, {"model.safetensors"});
+  // No checkpoint at all.
+  std::filesystem::remove_all(dir);
+  expect_error<FormatError>([&] { train::checkpoint_architecture(dir); }, {"config.json", "cannot open"});
 }

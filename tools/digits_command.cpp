@@ -5,6 +5,7 @@
 
 #include "mha/errors.h"
 #include "mha/io/safetensors.h"
+#include "mha/train/checkpoint.h"
 #include "mha/train/vision.h"
 #include "progress.h"
 #include "train_command.h"
@@ -40,12 +41,12 @@ int run_train_digits(TrainCommand& cmd) {
               percent(r.heldout_exact_match).c_str(), (long long)r.steps, r.train_seconds, r.tokens_per_second);
   if (!cmd.out.empty()) {
     std::filesystem::create_directories(cmd.out);
-    io::NamedTensors tensors;
-    for (const nn::NamedParameter& p : model.named_parameters()) tensors.push_back({p.name, *p.value});
-    io::save_safetensors(cmd.out + "/model.safetensors", tensors, {{"format", "mha-vit"}});
+    train::save_vision_checkpoint(cmd.out, model,
+                                  {.model = model.config(), .seed = cmd.train.seed, .steps = r.steps,
+                                   .heldout_accuracy = r.heldout_exact_match});
     io::write_file_atomically(cmd.out + "/metrics.csv", report.metrics_csv());
     write_summary(cmd.out, "digits", r, parameters);
-    std::printf("wrote %s/: model.safetensors, metrics.csv, summary.json\n", cmd.out.c_str());
+    std::printf("wrote %s/: model.safetensors, config.json, metrics.csv, summary.json\n", cmd.out.c_str());
   }
   return 0;
 }

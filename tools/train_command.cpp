@@ -25,17 +25,6 @@ namespace mha::tools {
 
 namespace {
 
-// The model's answer to one typed input: decoded up to max_new tokens, or
-// (the encoder) as many as the task gives that input.
-std::vector<int64_t> answer(train::LoadedCheckpoint& loaded, const std::vector<int64_t>& input, int64_t max_new,
-                            const char* command) {
-  const int64_t length = train::output_length(loaded.info.task, input);
-  if (loaded.info.architecture == train::Architecture::encoder && length < 1)
-    throw ValueError(std::string("[") + command + "] task: expected one whose output length the input fixes (an "
-                     "encoder fills that many slots); got plain add");
-  return loaded.model->answer({input}, {length}, max_new)[0];
-}
-
 // Loads a checkpoint for a command; says so when its weights carry no checksums.
 train::LoadedCheckpoint load(const std::string& dir, const train::LoadOptions& options, bool training = false) {
   train::LoadedCheckpoint loaded = training ? train::load_training_checkpoint(dir, options)
@@ -163,7 +152,7 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
     throw mha::ValueError("[mha viz] --out: expected a file name ending in .png or .html; got '" + out + "'");
   train::LoadedCheckpoint loaded = load(checkpoint, options);
   const std::vector<int64_t> tokens = train::parse_tokens(input, "mha viz");
-  const std::vector<int64_t> output = answer(loaded, tokens, 2 * int64_t(tokens.size()) + 2, "mha viz");
+  const std::vector<int64_t> output = train::answer(loaded, tokens, 2 * int64_t(tokens.size()) + 2, "mha viz");
   const std::vector<train::AttentionView> views = loaded.model->attention(tokens, output);
   if (views.empty())
     throw ValueError("[mha viz] checkpoint: expected a model with full or window attention (the others form no "
@@ -215,7 +204,7 @@ int run_generate(const std::string& checkpoint, const std::string& input, int64_
   train::LoadedCheckpoint loaded = load(checkpoint, options);
   const std::vector<int64_t> tokens = train::parse_tokens(input, "mha generate");
   if (max_new <= 0) max_new = 2 * int64_t(tokens.size()) + 2;
-  const std::vector<int64_t> output = answer(loaded, tokens, max_new, "mha generate");
+  const std::vector<int64_t> output = train::answer(loaded, tokens, max_new, "mha generate");
   std::printf("%s\n", train::format_tokens(output).c_str());
   return 0;
 }

@@ -3,6 +3,8 @@
     import mha
     out = mha.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     layer = mha.nn.MultiheadAttention(512, 8)      # a torch.nn.Module (needs torch)
+    model = mha.load("runs/copy")                  # a checkpoint of `mha train --out`
+    mha.viz.heatmaps(model.attention("3 1 4")["self"])   # matplotlib (imported on use)
 
 NumPy arrays in give NumPy arrays out; torch CPU tensors in give torch tensors
 out that support autograd, their backward computed by mha's C++ backward.
@@ -16,6 +18,7 @@ from ._mha import (ArgumentError, DeviceError, DtypeError, FormatError, MemoryEr
                    StateError)
 from ._mha import memory_limit, set_memory_limit
 from . import functional
+from ._checkpoint import Attention, TokenModel, VisionModel, load
 
 try:
     import torch as _torch  # noqa: F401
@@ -26,4 +29,12 @@ else:
 
 __all__ = ["__version__", "functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
            "StateError", "FormatError", "NumericalError", "MemoryError",
-           "memory_limit", "set_memory_limit"]
+           "memory_limit", "set_memory_limit", "load", "TokenModel", "VisionModel", "Attention", "viz"]
+
+
+def __getattr__(name):
+    # mha.viz imports matplotlib only when first used.
+    if name == "viz":
+        import importlib
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module 'mha' has no attribute {name!r}")

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "checkpoint.h"
 #include "convert.h"
 #include "layers.h"
 #include "variants.h"
@@ -112,4 +113,5 @@ PYBIND11_MODULE(_mha, m) {
         "returned weights' gradient, if a loss used them.");
   mha::python::bind_layers(m);
   mha::python::bind_variants(m);
+  mha::python::bind_checkpoints(m);
 }

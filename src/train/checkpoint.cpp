@@ -84,6 +84,8 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     const auto& m = c.at("model");
     // Checkpoints from before the encoder–decoder are decoder-only.
     const std::string architecture = m.value("architecture", "decoder");
+    if (architecture == "vision")
+      bad(path, "a Vision Transformer's checkpoint: load it with load_vision_checkpoint (mha.load in Python)");
     try {
       info.architecture = parse_architecture(architecture);
     } catch (const ValueError&) {
@@ -194,6 +196,13 @@ std::string new_save_id(int64_t steps) {
   return buf;
 }
 
+json read_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) bad(path, "cannot open");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_json(text, path);
+}
+
 // The model's generators' states: {name: [seed, offset]}.
 json generators_json(TaskModel& model) {
   json generators = json::object();
@@ -281,10 +290,7 @@ Checkpoint parse_checkpoint_config(const std::string& text, const std::string& p
 
 LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& options) {
   const std::string config_path = dir + "/config.json";
-  std::ifstream f(config_path);
-  if (!f) bad(config_path, "cannot open");
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const json config = parse_json(text, config_path);
+  const json config = read_config(config_path);
   const std::string weights_path = dir + "/model.safetensors";
   io::SafetensorsFile file = io::load_safetensors(weights_path);
   const std::string config_id = config.value("save_id", ""), weights_id = metadata(file, "save_id");
@@ -317,6 +323,120 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& opti
   }
   out.model->eval();
   return out;
+}
+
+namespace {
+
+json vision_config_json(const VisionCheckpoint& info, const std::string& save_id) {
+  const nn::VisionTransformerConfig& m = info.model;
+  const json model = {{"architecture", "vision"}, {"image_side", m.image_side}, {"patch", m.patch},
+                      {"classes", m.classes}, {"d_model", m.d_model}, {"nhead", m.nhead},
+                      {"num_layers", m.num_layers}, {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
+                      {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"},
+                      {"dtype", to_string(m.dtype)}, {"attention", attention_json(m.attention)}};
+  return {{"format", "mha-checkpoint"}, {"version", 1},   {"save_id", save_id},
+          {"model", model},             {"seed", info.seed}, {"steps", info.steps},
+          {"heldout_accuracy", info.heldout_accuracy}};
+}
+
+VisionCheckpoint parse_vision_config(const json& c, const std::string& path) {
+  VisionCheckpoint info;
+  try {
+    if (c.at("format") != "mha-checkpoint" || c.at("version") != 1) bad(path, "not an mha checkpoint (version 1)");
+    const auto& m = c.at("model");
+    if (m.value("architecture", "decoder") != "vision")
+      bad(path, "a token model's checkpoint: load it with load_checkpoint");
+    nn::VisionTransformerConfig& v = info.model;
+    for (auto [name, field] : {std::pair{"image_side", &v.image_side}, {"patch", &v.patch}, {"classes", &v.classes},
+                               {"d_model", &v.d_model}, {"nhead", &v.nhead}, {"num_layers", &v.num_layers},
+                               {"dim_feedforward", &v.dim_feedforward}})
+      *field = m.at(name).get<int64_t>();
+    v.dropout = m.at("dropout").get<double>();
+    const std::string act = m.at("activation").get<std::string>();
+    if (act != "relu" && act != "gelu") bad(path, "activation must be relu or gelu; got " + act);
+    v.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+    const std::string dtype = m.at("dtype").get<std::string>();
+    if (dtype != "float32" && dtype != "float64") bad(path, "dtype must be float32 or float64; got " + dtype);
+    v.dtype = dtype == "float64" ? DType::float64 : DType::float32;
+    v.attention = parse_attention(m.at("attention"), path);
+    info.seed = c.at("seed").get<uint64_t>();
+    info.steps = c.at("steps").get<int64_t>();
+    info.heldout_accuracy = c.value("heldout_accuracy", 0.0);
+  } catch (const json::exception& e) {
+    bad(path, std::string("invalid config: ") + e.what());
+  }
+  return info;
+}
+
+}  // namespace
+
+void save_vision_checkpoint(const std::string& dir, nn::VisionTransformer& model, const VisionCheckpoint& info) {
+  std::filesystem::create_directories(dir);
+  const std::string save_id = new_save_id(info.steps);
+  io::NamedTensors tensors;
+  for (const nn::NamedParameter& p : model.named_parameters()) tensors.push_back({p.name, *p.value});
+  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "mha-vit"}, {"save_id", save_id}});
+  io::write_file_atomically(dir + "/config.json", vision_config_json(info, save_id).dump(2) + "\n");
+}
+
+LoadedVisionCheckpoint load_vision_checkpoint(const std::string& dir, const LoadOptions& options) {
+  const std::string config_path = dir + "/config.json", weights_path = dir + "/model.safetensors";
+  const json config = read_config(config_path);
+  LoadedVisionCheckpoint out;
+  out.info = parse_vision_config(config, config_path);
+  const io::SafetensorsFile file = io::load_safetensors(weights_path);
+  if (metadata(file, "format") != "mha-vit") bad(weights_path, "not a Vision Transformer's weights");
+  const std::string config_id = config.value("save_id", ""), weights_id = metadata(file, "save_id");
+  if (config_id != weights_id)
+    bad(weights_path, "save id '" + weights_id + "' differs from config.json's '" + config_id + "' (an interrupted save)");
+  Generator gen(0);
+  try {
+    out.model = std::make_unique<nn::VisionTransformer>(out.info.model, gen);
+  } catch (const ValueError& e) {
+    bad(config_path, std::string("invalid model: ") + e.what());
+  }
+  out.checksummed = file.checksummed == file.tensors.size();
+  const size_t used = fill(out.model->named_parameters(), file.tensors, "", weights_path, options);
+  if (used != file.tensors.size())
+    bad(weights_path, std::to_string(file.tensors.size() - used) + " tensors that this config's model does not have");
+  out.model->eval();
+  return out;
+}
+
+std::string checkpoint_architecture(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const json config = read_config(path);
+  try {
+    if (config.at("format") != "mha-checkpoint") bad(path, "not an mha checkpoint");
+    const std::string architecture = config.at("model").value("architecture", "decoder");
+    if (architecture != "vision") (void)parse_architecture(architecture);
+    return architecture;
+  } catch (const json::exception& e) {
+    bad(path, std::string("invalid config: ") + e.what());
+  } catch (const ValueError& e) {
+    bad(path, std::string("unknown architecture: ") + e.what());
+  }
+}
+
+std::vector<int64_t> answer(LoadedCheckpoint& loaded, const std::vector<int64_t>& input, int64_t max_new,
+                            const char* fn) {
+  const int64_t length = output_length(loaded.info.task, input);
+  if (loaded.info.architecture == Architecture::encoder && length < 1)
+    throw ValueError(std::string("[") + fn + "] task: expected one whose output length the input fixes (an "
+                     "encoder fills that many slots); got plain add");
+  return loaded.model->answer({input}, {length}, max_new)[0];
+}
+
+std::string config_json(const Checkpoint& info) {
+  json j = config_json(info, "");
+  j.erase("save_id");
+  return j.dump();
+}
+
+std::string config_json(const VisionCheckpoint& info) {
+  json j = vision_config_json(info, "");
+  j.erase("save_id");
+  return j.dump();
 }
 
 }  // namespace mha::train

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "mha/nn/vision_transformer.h"
 #include "mha/train/task_model.h"
 #include "mha/train/tasks.h"
 #include "mha/train/trainer.h"
@@ -63,5 +64,40 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOptions& opti
 // From train_state.safetensors: weights, config, optimizer state, and the
 // model's dropout generators restored.
 LoadedCheckpoint load_training_checkpoint(const std::string& dir, const LoadOptions& options = {});
+
+// The model's answer to one input (eval mode): greedy decoding up to max_new
+// tokens, or (the encoder) as many as the task gives that input; ValueError
+// naming fn when the encoder's task leaves the output's length open.
+std::vector<int64_t> answer(LoadedCheckpoint& loaded, const std::vector<int64_t>& input, int64_t max_new,
+                            const char* fn);
+
+// A Vision Transformer's checkpoint (`mha train --task digits --out DIR`):
+// model.safetensors and config.json (model.architecture "vision"), written
+// and verified as above, both with one save id (no training state: an
+// interrupted save is refused, not recovered).
+struct VisionCheckpoint {
+  nn::VisionTransformerConfig model;
+  uint64_t seed = 0;  // the split's seed: the same held-out images on reload
+  int64_t steps = 0;
+  double heldout_accuracy = 0;
+};
+
+void save_vision_checkpoint(const std::string& dir, nn::VisionTransformer& model, const VisionCheckpoint& info);
+
+struct LoadedVisionCheckpoint {
+  VisionCheckpoint info;
+  std::unique_ptr<nn::VisionTransformer> model;  // in eval mode
+  bool checksummed = true;
+};
+
+LoadedVisionCheckpoint load_vision_checkpoint(const std::string& dir, const LoadOptions& options = {});
+
+// The config as config.json holds it (without its save id), as JSON text.
+std::string config_json(const Checkpoint& info);
+std::string config_json(const VisionCheckpoint& info);
+
+// What the checkpoint in dir holds, from its config.json: "decoder",
+// "encoder-decoder", "encoder" or "vision" (FormatError when it is none).
+std::string checkpoint_architecture(const std::string& dir);
 
 }  // namespace mha::train
