@@ -143,7 +143,8 @@ class VisionModel:
         return np.ascontiguousarray(a)
 
     def forward(self, images) -> np.ndarray:
-        """Logits (batch, classes) of images (batch, side, side), (batch, side*side) or one image."""
+        """Logits (batch, classes) of images (batch, side, side), (batch, side*side) or one image,
+        pixels in [0, 1] as in training (the 8x8 digits' values / 16)."""
         return self._model.forward(self._images(images))
 
     def predict(self, images) -> np.ndarray:

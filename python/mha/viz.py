@@ -11,7 +11,7 @@ needed).
 import numpy as np
 
 
-def heatmaps(attention, queries=None, keys=None, layers=None, heads=None, title=None, cmap="viridis",
+def heatmaps(attention, queries=None, keys=None, layers=None, heads=None, title=None, titles=None, cmap="viridis",
              panel_inches=1.8, annotate=False):
     """A Figure of every layer's and head's weights.
 
@@ -19,6 +19,7 @@ def heatmaps(attention, queries=None, keys=None, layers=None, heads=None, title=
       (layers, heads, queries, keys), (heads, queries, keys) or (queries, keys).
     queries, keys: tick labels (default: the Attention's, else none).
     layers, heads: which to draw (lists of indices; default all).
+    titles: one title a panel, row by row (default "layer L head H").
     annotate: write each weight in its cell (for short sequences).
     """
     from matplotlib.figure import Figure
@@ -45,6 +46,8 @@ def heatmaps(attention, queries=None, keys=None, layers=None, heads=None, title=
             raise ValueError(f"[mha.viz.heatmaps] {what}: expected {count} labels; got {len(labels)}")
 
     rows, cols = len(layers), len(heads)
+    if titles is not None and len(titles) != rows * cols:
+        raise ValueError(f"[mha.viz.heatmaps] titles: expected {rows * cols} (one a panel); got {len(titles)}")
     fig = Figure(figsize=(panel_inches * cols + 1.0, panel_inches * rows + (0.6 if title or name else 0.2)),
                  layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
@@ -54,7 +57,7 @@ def heatmaps(attention, queries=None, keys=None, layers=None, heads=None, title=
             ax = axes[r][c]
             panel = w[layer, head]
             image = ax.imshow(panel, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            ax.set_title(f"layer {layer} head {head}" if titles is None else titles[r * cols + c], fontsize=8)
             for axis, labels in ((ax.set_yticks, queries), (ax.set_xticks, keys)):
                 if labels is None:
                     axis([])

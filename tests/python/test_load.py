@@ -181,6 +181,10 @@ def test_viz_heatmaps(runs, tmp_path):
     one = a.plot(layers=[1], heads=[0], annotate=True, title="one head")
     assert len([ax for ax in one.axes if ax.get_title().startswith("layer")]) == 1
     assert mha.viz.heatmaps(a.weights[0, 0]).axes[0].images[0].get_array().shape == (5, 5)
+    named = mha.viz.heatmaps(a.weights[0], titles=["first", "second"])
+    assert [ax.get_title() for ax in named.axes[:2]] == ["first", "second"]
+    with pytest.raises(ValueError, match="titles"):
+        mha.viz.heatmaps(a.weights[0], titles=["one"])
     with pytest.raises(ValueError, match="heads"):
         mha.viz.heatmaps(a, heads=[2])
     with pytest.raises(ValueError, match="queries"):
