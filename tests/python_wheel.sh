@@ -43,5 +43,9 @@ for g, t in zip(grads, (q, k, v)):
 x = np.random.default_rng(1).standard_normal((1, 2, 5, 4)).astype(np.float32)
 y = mha.functional.scaled_dot_product_attention(x, x, x)
 assert isinstance(y, np.ndarray) and y.shape == (1, 2, 5, 4)
+# The whole package came along: the checkpoint loader and the pictures module.
+assert callable(mha.load) and callable(mha.viz.heatmaps)
+fig = mha.viz.heatmaps(np.full((2, 3, 3), 1 / 3))
+assert len([ax for ax in fig.axes if ax.get_title().startswith("layer")]) == 2
 print(f"wheel ok: mha {mha.__version__} from {mha.__file__[len(venv):]} in the venv; forward and backward equal torch's")
 PY
