@@ -174,14 +174,10 @@ AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
 // The documented rule: fused for float32 and bfloat16 unless a mask gradient
 // is wanted; reference otherwise. A forced path must be able to run.
 AttentionPath choose_path(const AttentionParams& p, AttentionPath requested, bool mask_grad, const std::string& fn) {
-  const bool weights_grad = p.dweights.defined();
-  const bool fused_ok = p.dtype != DType::float64 && !mask_grad && !weights_grad;
+  const bool fused_ok = p.dtype != DType::float64 && !mask_grad;
   if (requested == AttentionPath::fused && !fused_ok)
-    raise<ValueError>(fn, "path",
-                      "float32 or bfloat16 inputs, no mask gradient and no weights gradient for the fused path",
-                      mask_grad      ? std::string("mask_grad = true")
-                      : weights_grad ? std::string("dweights")
-                                     : to_string(p.dtype) + " inputs");
+    raise<ValueError>(fn, "path", "float32 or bfloat16 inputs and no mask gradient for the fused path",
+                      mask_grad ? std::string("mask_grad = true") : to_string(p.dtype) + " inputs");
   if (requested == AttentionPath::automatic) return fused_ok ? AttentionPath::fused : AttentionPath::reference;
   return requested;
 }

@@ -135,7 +135,8 @@ Sweep sweep(const Call& call) {
   return s;
 }
 
-Results attention(DType dtype, AttentionPath path, const Shape& qs, const Shape& ks, bool weights) {
+Results attention(DType dtype, AttentionPath path, const Shape& qs, const Shape& ks, bool weights,
+                  bool weights_grad = false) {
   const Shape vs{ks[0], ks[1], ks[2], 5};
   const Tensor q = random_tensor(qs, 1, dtype), k = random_tensor(ks, 2, dtype), v = random_tensor(vs, 3, dtype),
                dout = random_tensor({qs[0], qs[1], qs[2], 5}, 4, dtype);
@@ -145,7 +146,8 @@ Results attention(DType dtype, AttentionPath path, const Shape& qs, const Shape&
                            .dropout_p = 0.2, .dropout_seed = 3,
                            .return_weights = weights, .path = path};
   const AttentionOutput f = attention_forward(q, k, v, o);
-  const AttentionGradients g = attention_backward(dout, q, k, v, f, o);
+  const Tensor dweights = weights_grad ? random_tensor(f.weights.shape(), 5, dtype) : Tensor();
+  const AttentionGradients g = attention_backward(dout, q, k, v, f, o, false, dweights);
   Results r{f.out.to_vector(), f.lse.to_vector(), g.dquery.to_vector(), g.dkey.to_vector(), g.dvalue.to_vector()};
   if (weights) r.push_back(f.weights.to_vector());
   return r;
@@ -183,6 +185,19 @@ TEST_F(AllocationFailure, FusedPathOnEveryInstructionSet) {
         const Shape qs{batch, 2, 37, E}, ks{batch, 2, 45, E};
         sweep([&] { return attention(dtype, AttentionPath::fused, qs, ks, batch == 1); });
       }
+}
+
+// A loss on the returned weights: the fused backward's products for their
+// share take their scratch inside a region (through RegionErrors).
+TEST_F(AllocationFailure, FusedWeightsGradientOnEveryInstructionSet) {
+  int64_t E = 40;
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    SCOPED_TRACE(cpu::to_string(isa));
+    cpu::force_isa(isa);
+    E += 2;
+    const Shape qs{2, 2, 70, E}, ks{2, 2, 81, E};
+    sweep([&] { return attention(DType::float32, AttentionPath::fused, qs, ks, true, true); });
+  }
 }
 
 TEST_F(AllocationFailure, Variants) {

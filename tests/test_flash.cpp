@@ -17,6 +17,11 @@ using namespace mha::testing;
 
 namespace {
 
+Shape with_tail(Shape s, int64_t last) {
+  s.back() = last;
+  return s;
+}
+
 struct FlashCase {
   std::string name;
   Shape q, k, v;
@@ -146,6 +151,48 @@ TEST_P(EachIsa, Bfloat16) {
   });
 }
 
+// A loss on the returned weights too (dweights): the fused backward adds their
+// share through a recomputed P and two products per tile; against the
+// reference path's, with the loss on the output and the weights, and on the
+// weights alone.
+void compare_weights_gradient(const FlashCase& c, DType dtype) {
+  SCOPED_TRACE(c.name + " " + to_string(dtype) + " on " + cpu::to_string(cpu::active_isa()));
+  Tensor q = random_tensor(c.q, 1, dtype), k = random_tensor(c.k, 2, dtype), v = random_tensor(c.v, 3, dtype);
+  AttentionOptions fused = c.options, reference = c.options;
+  fused.path = AttentionPath::fused, reference.path = AttentionPath::reference;
+  fused.return_weights = reference.return_weights = true;
+  const AttentionOutput a = attention_forward(q, k, v, fused), b = attention_forward(q, k, v, reference);
+  const Tensor dw = random_tensor(b.weights.shape(), 5, dtype);
+  const double tol = dtype == DType::bfloat16 ? 1e-1 : 1e-4;
+  for (bool with_out : {true, false}) {
+    SCOPED_TRACE(with_out ? "loss on out and weights" : "loss on the weights alone");
+    const Tensor dout = with_out ? random_tensor(b.out.shape(), 4, dtype) : Tensor::zeros(b.out.shape(), dtype);
+    const AttentionGradients ga = attention_backward(dout, q, k, v, a, fused, false, dw);
+    const AttentionGradients gb = attention_backward(dout, q, k, v, b, reference, false, dw);
+    for (auto [x, y, name] : {std::tuple{&ga.dquery, &gb.dquery, "dquery"}, {&ga.dkey, &gb.dkey, "dkey"},
+                              {&ga.dvalue, &gb.dvalue, "dvalue"}}) {
+      EXPECT_TRUE(all_finite(*x)) << name;
+      EXPECT_LE(max_abs_diff(*x, *y), tol * std::max(1.0, max_abs(*y))) << name;
+    }
+    // Not all zeros where the reference's is not (one visible key a row: weights 1, no gradient).
+    if (max_abs(gb.dquery) > 1e-3) EXPECT_GT(max_abs(ga.dquery), 0.0);
+  }
+}
+
+TEST_P(EachIsa, ThroughTheReturnedWeights) {
+  for (const FlashCase& c : feature_cases()) compare_weights_gradient(c, DType::float32);
+  for (const FlashCase& c : shape_cases())
+    if (c.q.back() <= 64 && c.q[c.q.size() - 2] * c.k[c.k.size() - 2] < 5000) compare_weights_gradient(c, DType::float32);
+  compare_weights_gradient({"L=130 S=200 (tiles of both kinds)", {3, 130, 24}, {3, 200, 24}, {3, 200, 8},
+                            {.causal = Causal::bottom_right, .window_left = 90}},
+                           DType::float32);
+  on_each_bf16_kernel([] {
+    compare_weights_gradient({"bf16 GQA + dropout", {2, 4, 40, 16}, {2, 2, 40, 16}, {2, 2, 40, 8},
+                              {.causal = Causal::top_left, .dropout_p = 0.3, .dropout_seed = 3}},
+                             DType::bfloat16);
+  });
+}
+
 TEST_P(EachIsa, NonContiguousInputs) {
   Tensor q = random_tensor({2, 70, 3, 16}, 1, DType::float32).permute({0, 2, 1, 3});
   Tensor k = random_tensor({2, 3, 16, 67}, 2, DType::float32).transpose(2, 3);  // element stride 67
@@ -211,14 +258,23 @@ TEST_P(EachIsa, DeterministicAcrossThreadCounts) {
     AttentionOptions o{.causal = Causal::bottom_right, .dropout_p = 0.2, .dropout_seed = 5, .path = AttentionPath::fused};
     const int saved = omp_get_max_threads();
     std::vector<std::vector<double>> results[2];
+    std::vector<double> weights_grads[2];
+    const Tensor dw = random_tensor(with_tail(dout.shape(), 290), 6, DType::float32);
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
       AttentionOutput f = attention_forward(q, k, v, o);
       AttentionGradients g = attention_backward(dout, q, k, v, f, o);
       results[threads - 1] = {f.out.to_vector(), g.dquery.to_vector(), g.dkey.to_vector(), g.dvalue.to_vector()};
+      AttentionOptions w = o;
+      w.return_weights = true;
+      const AttentionGradients gw = attention_backward(dout, q, k, v, attention_forward(q, k, v, w), w, false, dw);
+      weights_grads[threads - 1] = gw.dquery.to_vector();
+      const std::vector<double> dk = gw.dkey.to_vector();
+      weights_grads[threads - 1].insert(weights_grads[threads - 1].end(), dk.begin(), dk.end());
     }
     omp_set_num_threads(saved);
     EXPECT_EQ(results[0], results[1]);
+    EXPECT_EQ(weights_grads[0], weights_grads[1]) << "with a loss on the returned weights";
     // And the split result is right: compare with the reference path.
     AttentionOptions r = o;
     r.path = AttentionPath::reference;

@@ -85,7 +85,9 @@ struct AttentionGradients {
 // shaped (batch…, L, S) in the query's dtype, or undefined. With W = P ∘ C
 // (C the dropout factors) it joins dout's: dP_ij = C_ij (dout_i·v_j + dW_ij),
 // and the softmax's backward subtracts D_i = Σ_j P_ij dP_ij = dout_i·out_i +
-// Σ_j W_ij dW_ij. Runs on the reference path (a fused request is refused).
+// Σ_j W_ij dW_ij. Both paths run it; the fused one recomputes P from the lse
+// and adds the weights' share with two products per chunk of queries (it then
+// holds (chunk × S) floats per thread, like the weights themselves).
 AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, const Tensor& key,
                                       const Tensor& value, const AttentionOutput& forward,
                                       const AttentionOptions& options = {},

@@ -209,9 +209,23 @@ def test_errors_are_value_errors_with_the_cpp_message():
         F.attention(q.astype(np.int32), q, q)
     with pytest.raises(ValueError, match="causal"):
         F.attention(q, q, q, causal="diagonal")
-    with pytest.raises(ValueError, match="no weights gradient"):
+    with pytest.raises(ValueError, match="mask gradient"):
         qt = torch.randn(1, 3, 4, requires_grad=True)
-        F.attention(qt, qt, qt, return_weights=True, path="fused")[1].square().sum().backward()
+        mask = torch.zeros(3, 3, requires_grad=True)
+        F.attention(qt, qt, qt, mask, path="fused").sum().backward()
+
+
+def test_fused_backward_through_the_weights_matches_the_reference_path():
+    torch.manual_seed(3)
+    grads = {}
+    for path in ("fused", "reference"):
+        torch.manual_seed(3)
+        q, k, v = (torch.randn(2, 3, 37, 16, requires_grad=True) for _ in range(3))
+        out, w = F.attention(q, k, v, causal="bottom_right", window=(20, 0), return_weights=True, path=path)
+        (out.square().sum() + (w * torch.randn(w.shape)).sum()).backward()
+        grads[path] = (q.grad, k.grad, v.grad)
+    for name, a, b in zip("qkv", grads["fused"], grads["reference"]):
+        compare(a, b, f"fused vs reference d{name} with a loss on the weights", tol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

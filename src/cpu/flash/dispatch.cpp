@@ -5,12 +5,14 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "check.h"
 #include "cpu/gemm.h"
+#include "cpu/parallel.h"
 #include "cpu/reduce.h"
 #include "cpu/scratch.h"
 #include "finite.h"
@@ -363,6 +365,102 @@ struct BackwardPlan {
   }
 };
 
+// The returned weights' share of dQ and dK (p.dweights given), added to the
+// plan's float accumulators. The returned weights are W = P∘C (P the softmax,
+// C the dropout factors); a loss with gradient dW on them reaches P as C∘dW,
+// and through the softmax the logits s as
+//   G_ij = P_ij (x_ij − Σ_j' P_ij' x_ij'),  x = C∘dW,
+// then dq_i += scale Σ_j G_ij k_j and dk_j += scale Σ_i G_ij q_i.
+// P comes from the forward kernel's weights pass (dropout off, the saved lse
+// given) for chunks of kChunkRows queries, G is formed in place over each
+// row's band, and two float32 products per chunk follow (rows·S·E each). P is
+// 0 where the mask excludes a key; a non-finite dW there (never to be read)
+// makes the sums non-finite, and the call then runs on the reference path.
+// A work item is a whole entry, its products on one thread, so that each
+// entry's dK sums its chunks in one order whatever the thread count (a
+// threaded product need not: OpenBLAS's bits change with its threads); with
+// fewer entries than threads, some idle. Returns whether the accumulators are
+// finite afterwards.
+bool add_weights_gradient(const BackwardPlan& plan) {
+  constexpr int64_t kChunkRows = 4 * kQueryTile;  // rows per product: K's packing shared by 4 tiles
+  const AttentionParams& p = plan.p;
+  const int64_t L = plan.L, S = plan.S, E = plan.E, Ev = plan.Ev, br = plan.br;
+  const float* lse = plan.lse.data<float>();
+  const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
+  const bool float_dw = p.dtype == DType::float32, drop = p.dropout_p > 0;
+  const int64_t f = sizeof(float), chunk = std::min(kChunkRows, round_up(L, br));
+  const PerThread operands = per_thread_scratch(ScratchSlot::flash_a, (E * br + br * Ev + S) * f);
+  const PerThread works = per_thread_scratch(ScratchSlot::flash_b, flash_forward_scratch(E, Ev, br) * f);
+  const PerThread chunks = per_thread_scratch(ScratchSlot::flash_c, chunk * S * f);
+
+  // G (rows × S) for the queries [c0, c0 + rows) of entry b, in place of P.
+  const auto logit_gradient = [&](int64_t b, int64_t c0, int64_t rows, float* G) {
+    float* qt = static_cast<float*>(own_slice(operands));
+    float* x = qt + E * br + br * Ev;  // one row of C∘dW
+    for (int64_t i0 = c0; i0 < c0 + rows; i0 += br) {
+      pack_transposed({plan.queries.at(b), DType::float32}, 0, plan.queries.row, 1, i0, std::min(br, L - i0), E, br,
+                      1.0f, qt);
+      FlashForwardTile t{};
+      t.qt = qt, t.logit_scale = float(p.scale) * kLog2e;
+      t.k = plan.keys.at(b), t.k_row = plan.keys.row, t.v = plan.values.at(b), t.v_row = plan.values.row;
+      t.mask = mask ? mask + p.mask_offset[size_t(b)] + i0 * p.mask_row : nullptr;
+      t.mask_row = p.mask_row, t.mask_col = p.mask_col;
+      t.i0 = i0, t.rows = std::min(br, L - i0), t.S = S, t.E = E, t.Ev = Ev, t.br = br;
+      t.band = band_of(p);
+      t.out = qt + E * br, t.out_row = Ev;
+      t.lse = const_cast<float*>(lse + b * L + i0);  // read: the weights pass writes only the weights
+      t.weights = G + (i0 - c0) * S, t.weights_row = S;
+      t.scratch = static_cast<float*>(own_slice(works));
+      plan.kernels.forward_tile(t);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = c0 + r, begin = p.key_begin(i), end = std::max(begin, p.key_end(i));
+      float* Gi = G + r * S;  // P on entry
+      const int64_t at = (b * L + i) * S;
+      const float* xi = float_dw ? p.dweights.data<float>() + at : x;
+      if (!float_dw || drop) {
+        const Loader dw{p.dweights.raw_data(), p.dtype};
+        for (int64_t j = begin; j < end; ++j) {
+          const bool kept = !drop || dropout_keep(p.dropout_seed, uint64_t(b), uint64_t(i), uint64_t(j), plan.threshold);
+          x[j] = kept ? dw.at(at + j) * (drop ? plan.drop_scale : 1.0f) : 0.0f;
+        }
+        xi = x;
+      }
+      // D = Σ_j P_ij x_ij in 8 partial sums (a fixed order the compiler can put in vectors).
+      float part[8] = {};
+      int64_t j = begin;
+      for (; j + 8 <= end; j += 8)
+        for (int l = 0; l < 8; ++l) part[l] += Gi[j + l] * xi[j + l];
+      for (; j < end; ++j) part[0] += Gi[j] * xi[j];
+      const float D = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      for (j = begin; j < end; ++j) Gi[j] *= xi[j] - D;
+      std::fill(Gi, Gi + begin, 0.0f);
+      std::fill(Gi + end, Gi + S, 0.0f);
+    }
+  };
+
+  RegionErrors errors;  // the products take their own scratch inside the region
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < p.batch; ++b)
+    errors.run([&] {
+      float* G = static_cast<float*>(own_slice(chunks));
+      for (int64_t c0 = 0; c0 < L; c0 += chunk) {
+        const int64_t rows = std::min(chunk, L - c0);
+        // The band's keys for these rows: [lo, hi) (its bounds grow with i); G is 0 outside.
+        const int64_t lo = p.key_begin(c0), hi = p.key_end(c0 + rows - 1);
+        if (hi <= lo) continue;
+        logit_gradient(b, c0, rows, G);
+        const float scale = float(p.scale);
+        gemm<float>(false, false, rows, E, hi - lo, scale, G + lo, S, plan.keys.at(b) + lo * plan.keys.row,
+                    plan.keys.row, 1.0f, plan.dq_base + (b * L + c0) * plan.dq_pitch, plan.dq_pitch);
+        gemm<float>(true, false, hi - lo, E, rows, scale, G + lo, S, plan.queries.at(b) + c0 * plan.queries.row,
+                    plan.queries.row, 1.0f, plan.dk_base + (b * S + lo) * E, E);
+      }
+    });
+  errors.rethrow();
+  return all_finite(plan.dq_base, p.batch * L, E, plan.dq_pitch) && all_finite(plan.dk_base, p.batch * S, E, E);
+}
+
 }  // namespace
 
 bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOutput& fwd,
@@ -434,6 +532,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
       finite = finite && all_finite(h.dq + i0 * h.dq_row, std::min(br, L - i0), E, h.dq_row);
     }
   }
+  if (p.dweights.defined()) finite = finite && add_weights_gradient(plan);
   if (!direct_q) {  // drop the padding, then fold
     std::vector<float> compact(size_t(p.batch * L * E));
     for (int64_t row = 0; row < p.batch * L; ++row)
