@@ -117,8 +117,17 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--max-new", gen_max_new, "Most tokens to generate (0: twice the input's, plus 2)")
       ->capture_default_str();
 
+  std::string heads_checkpoint, heads_out;
+  int64_t heads_examples = 256, heads_batch = 32;
+  CLI::App* heads_cmd = app.add_subcommand(
+      "heads", "Each head's importance (gradient of a gate on its output), entropy, confidence and positional label");
+  heads_cmd->add_option("--checkpoint", heads_checkpoint, "A folder written by `mha train --out`")->required();
+  heads_cmd->add_option("--out", heads_out, "Also draw the importances (layers x heads) into this .png file");
+  heads_cmd->add_option("--examples", heads_examples, "Held-out examples to score over")->capture_default_str();
+  heads_cmd->add_option("--batch", heads_batch, "Examples per backward pass")->capture_default_str();
+
   mha::train::LoadOptions load;
-  for (CLI::App* cmd : {eval_cmd, viz_cmd, gen_cmd})
+  for (CLI::App* cmd : {eval_cmd, viz_cmd, gen_cmd, heads_cmd})
     cmd->add_flag("--allow-non-finite", load.allow_non_finite,
                   "Load weights that hold NaN or infinity (to inspect a diverged run) instead of refusing them");
 
@@ -158,6 +167,7 @@ int main(int argc, char** argv) {
     if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint, eval_min_length, eval_max_length, load);
     if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out, load);
     if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new, load);
+    if (heads_cmd->parsed()) return mha::tools::run_heads(heads_checkpoint, heads_out, heads_examples, heads_batch, load);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

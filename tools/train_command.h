@@ -52,4 +52,10 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
 int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new,
                  const train::LoadOptions& load = {});
 
+// `mha heads --checkpoint DIR [--out PATH.png]`: each head's importance
+// (Michel et al.'s gate gradients), entropy, confidence and positional label
+// over up to `examples` held-out examples, in batches of `batch`.
+int run_heads(const std::string& checkpoint, const std::string& out, int64_t examples, int64_t batch,
+              const train::LoadOptions& load = {});
+
 }  // namespace mha::tools

@@ -107,6 +107,13 @@ class TokenModel:
         return {v["short_name"]: Attention(v["name"], np.stack(v["weights"]), _labels(v["queries"]),
                                            _labels(v["keys"])) for v in views}
 
+    def heads(self, examples: int = 256, batch: int = 32) -> Dict[str, dict]:
+        """Each head's importance (|dL/dgate| over held-out batches, normalised per layer, as
+        Michel et al. 2019), entropy, confidence and favourite offset, as `mha heads` prints
+        them: by attention kind ('self'; or 'encoder', 'decoder', 'cross'), a dict of
+        (layers, heads) arrays: importance, entropy, confidence, offset, offset_share, positional."""
+        return {site.pop("name"): site for site in self._model.heads(examples, batch)}
+
     def evaluate(self, min_length: int = 0, max_length: int = 0) -> dict:
         """Held-out exact match and token accuracy (as `mha eval`), at other input lengths when given."""
         return self._model.evaluate(min_length, max_length)

@@ -14,6 +14,7 @@
 #include "convert.h"
 #include "mha/errors.h"
 #include "mha/train/checkpoint.h"
+#include "mha/train/heads.h"
 #include "mha/train/trainer.h"
 
 namespace mha::python {
@@ -117,6 +118,42 @@ py::dict token_evaluate(TokenModel& m, int64_t min_length, int64_t max_length) {
   return d;
 }
 
+// The head report (train/heads.h) over up to `examples` held-out examples: per
+// attention site, (layers, heads) arrays of each statistic.
+py::list token_heads(TokenModel& m, int64_t examples, int64_t batch) {
+  if (examples < 1) throw ValueError("[mha.load(...).heads] examples: expected >= 1; got " + std::to_string(examples));
+  const train::HeadReport report = on_model(m.mutex, [&] {
+    const train::TaskData data(m.loaded.info.task, m.loaded.info.seed);
+    std::vector<train::Example> heldout = data.heldout();
+    if (int64_t(heldout.size()) > examples) heldout.resize(size_t(examples));
+    return train::head_report(*m.loaded.model, heldout, batch);
+  });
+  py::list out;
+  for (const train::SiteReport& site : report.sites) {
+    const int64_t layers = int64_t(site.heads.size()), heads = layers ? int64_t(site.heads[0].size()) : 0;
+    std::vector<double> importance, entropy, confidence, share;
+    std::vector<double> offset, positional;
+    for (const auto& layer : site.heads)
+      for (const train::HeadStats& h : layer) {
+        importance.push_back(h.importance), entropy.push_back(h.entropy), confidence.push_back(h.confidence);
+        share.push_back(h.offset_share), offset.push_back(double(h.offset)), positional.push_back(h.positional);
+      }
+    py::dict d;
+    d["name"] = site.name;
+    const auto grid = [&](const std::vector<double>& v, DType dtype) {
+      return to_numpy(Tensor::from_values(v, {layers, heads}).to(dtype));
+    };
+    d["importance"] = grid(importance, DType::float64);
+    d["entropy"] = grid(entropy, DType::float64);
+    d["confidence"] = grid(confidence, DType::float64);
+    d["offset"] = grid(offset, DType::int64);
+    d["offset_share"] = grid(share, DType::float64);
+    d["positional"] = grid(positional, DType::boolean);
+    out.append(d);
+  }
+  return out;
+}
+
 py::object vision_forward(VisionModel& m, const py::object& images) {
   const Tensor t = to_tensor(images, "mha.load(...).forward", "images");
   return to_numpy(on_model(m.mutex, [&] { return m.loaded.model->forward(t).clone(); }));
@@ -153,7 +190,8 @@ void bind_checkpoints(py::module_& m) {
       .def("forward", &token_forward, py::arg("tokens"), py::arg("target") = py::none())
       .def("answer", &token_answer, py::arg("input"), py::arg("max_new") = 0)
       .def("attention", &token_attention, py::arg("input"), py::arg("output"))
-      .def("evaluate", &token_evaluate, py::arg("min_length") = 0, py::arg("max_length") = 0);
+      .def("evaluate", &token_evaluate, py::arg("min_length") = 0, py::arg("max_length") = 0)
+      .def("heads", &token_heads, py::arg("examples") = 256, py::arg("batch") = 32);
   m.def("load_token_model", &load<TokenModel, train::load_checkpoint>, py::arg("path"),
         py::arg("allow_non_finite") = false);
 

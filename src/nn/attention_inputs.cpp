@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "check.h"
+#include "dtype_dispatch.h"
 
 namespace mha::nn {
 
@@ -104,6 +105,44 @@ Tensor heads_weights_gradient(const Tensor& dweights, bool averaged, int64_t N, 
     for (int64_t h = 0; h < H; ++h)
       for (int64_t x = 0; x < L * S; ++x) per_head[size_t((n * H + h) * L * S + x)] = d[size_t(n * L * S + x)] / double(H);
   return Tensor::from_values(per_head, {N, H, L, S}, dtype);
+}
+
+void gate_heads(Tensor& heads, const Tensor& gate) {
+  const std::vector<double> g = gate.to_vector();
+  const int64_t H = int64_t(g.size()), D = heads.size(-1), Dh = D / H, rows = heads.numel() / D;
+  dispatch_dtype(heads.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
+      T* x = heads.data<T>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = 0; e < D; ++e) x[r * D + e] = store_as<T>(load_as<double>(x[r * D + e]) * g[size_t(e / Dh)]);
+    }
+  });
+}
+
+void gate_heads_backward(Tensor& dheads, const Tensor& ungated, const Tensor& gate, Tensor& gate_grad) {
+  const std::vector<double> g = gate.to_vector(), u = ungated.to_vector();
+  const int64_t H = int64_t(g.size()), D = dheads.size(-1), Dh = D / H, rows = dheads.numel() / D;
+  std::vector<double> sum(size_t(H), 0.0);
+  dispatch_dtype(dheads.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
+      T* d = dheads.data<T>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = 0; e < D; ++e) {
+          const double de = load_as<double>(d[r * D + e]);
+          sum[size_t(e / Dh)] += de * u[size_t(r * D + e)];
+          d[r * D + e] = store_as<T>(de * g[size_t(e / Dh)]);
+        }
+    }
+  });
+  dispatch_dtype(gate_grad.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
+      T* out = gate_grad.data<T>();
+      for (int64_t h = 0; h < H; ++h) out[h] = store_as<T>(load_as<double>(out[h]) + sum[size_t(h)]);
+    }
+  });
 }
 
 }  // namespace mha::nn

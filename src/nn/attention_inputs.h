@@ -37,4 +37,12 @@ Tensor average_heads(const Tensor& weights, int64_t N, int64_t H, int64_t L, int
 Tensor heads_weights_gradient(const Tensor& dweights, bool averaged, int64_t N, int64_t H, int64_t L, int64_t S,
                               DType dtype);
 
+// Head gates: heads (N, L, D) contiguous, D = H·Dh, in place: head h's
+// columns times gate[h] (gate (H,) float32 or float64).
+void gate_heads(Tensor& heads, const Tensor& gate);
+// Their backward: dheads the gradient of the gated heads, ungated the heads
+// before the gates; adds Σ dheads∘ungated over head h's columns into
+// gate_grad[h], then multiplies dheads's columns by the gates (in place).
+void gate_heads_backward(Tensor& dheads, const Tensor& ungated, const Tensor& gate, Tensor& gate_grad);
+
 }  // namespace mha::nn

@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "cpu/gemm.h"
+#include "finite.h"
 #include "mha/nn/positional.h"
 #include "nn/attention_inputs.h"
 #include "nn/mixed_precision.h"
@@ -162,6 +163,7 @@ struct MultiheadAttention::Saved {
   int64_t S_total = 0;        // S + add_bias_kv + add_zero_attn
   Tensor q, k, v;             // operands: projections (N, L, D), (N, S_total, D), after RoPE
   Tensor heads;               // operand (N, L, D): the heads concatenated, input of out_proj
+  Tensor ungated_heads;       // the heads before the gates (when gated)
   AttentionOptions options;
   AttentionOutput attention;  // out (N, H, L, hd) and lse
   Shape output_shape;
@@ -426,6 +428,10 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
       s.attention = attention_forward(split_heads(s.q, H), split_heads(s.k, H), split_heads(s.v, H), s.options);
       split_heads(s.heads, H).copy_(s.attention.out);
     }
+    if (head_gate_.defined()) {
+      s.ungated_heads = s.heads.clone();
+      gate_heads(s.heads, head_gate_);
+    }
     project_out<T, A>(s.heads.data<A>(), layout_of(s.output_shape, c.batch_first), w[3].data<A>(),
                       ptr_or_null<T>(out_proj_bias), D, output.data<T>());
   });
@@ -494,6 +500,7 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
           for (int64_t e = 0; e < D; ++e) dbo[e] += dy_rows[l * os.seq_stride + e];
       }
     }
+    if (s.ungated_heads.defined()) gate_heads_backward(dheads, s.ungated_heads, head_gate_, head_gate_grad_);
     const bool bias_grad = !s.bias_shape.empty();
     AttentionGradients ag;
     if (s.variant) {
@@ -608,6 +615,7 @@ Tensor attend_rows(const MultiheadAttention& m, const Tensor& x, int64_t positio
     project<T, T>(xc.data<T>(), xs, wq, b, D, q.data<T>());
     if (c.rotary_base) rotate_rows(q, H, 0, xs.L, position, *c.rotary_base);
     split_heads(heads, H).copy_(attention_forward(split_heads(q, H), keys, values, options).out);
+    if (m.head_gates().defined()) gate_heads(heads, m.head_gates());
     project_out<T, T>(heads.data<T>(), xs, m.out_proj_weight.data<T>(), ptr_or_null<T>(m.out_proj_bias), D,
                    output.data<T>());
   };
@@ -682,6 +690,7 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const
                                                 split_heads(cache.value, H).slice(2, 0, S), options);
     Tensor heads = Tensor::empty({N, L, D}, cache_dtype);
     split_heads(heads, H).copy_(a.out);
+    if (head_gate_.defined()) gate_heads(heads, head_gate_);
     project_out<T, A>(heads.data<A>(), layout_of(x.shape(), c.batch_first), w[3].data<A>(),
                       ptr_or_null<T>(out_proj_bias), D, output.data<T>());
   });
@@ -733,6 +742,24 @@ Tensor MultiheadAttention::forward_memory(const Tensor& query, const KVCache& me
   check_parameters(kForwardMemory, named_parameters(), c.dtype);
   const Tensor mask = combine_masks(kForwardMemory, in, N, H, L, S, S, rank == 3, c.dtype, false);
   return attend_rows(*this, query, 0, split_heads(memory.key, H), split_heads(memory.value, H), {.mask = mask});
+}
+
+void MultiheadAttention::set_head_gates(const Tensor& gates) {
+  if (!gates.defined()) {
+    head_gate_ = head_gate_grad_ = Tensor();
+    return;
+  }
+  const char* fn = "mha::nn::MultiheadAttention::set_head_gates";
+  const int64_t H = config_.num_heads;
+  if (gates.shape() != Shape{H}) raise<ShapeError>(fn, "gates", "shape " + shape_string({H}), shape_string(gates.shape()));
+  if (gates.dtype() != config_.dtype) raise<DtypeError>(fn, "gates", to_string(config_.dtype), to_string(gates.dtype()));
+  if (!all_finite(gates)) raise<ValueError>(fn, "gates", "finite values", "a NaN or infinity");
+  head_gate_ = gates.clone();
+  head_gate_grad_ = Tensor::zeros({H}, config_.dtype);
+}
+
+void MultiheadAttention::zero_head_gate_grad() {
+  if (head_gate_grad_.defined()) head_gate_grad_.fill_(0.0);
 }
 
 }  // namespace mha::nn

@@ -57,8 +57,11 @@ GridLayout attention_grid_layout(int64_t layers, int64_t heads, const std::vecto
   return attention_grid_layout(layers, heads, tokens, tokens);
 }
 
-Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
-                     const std::vector<std::string>& key_tokens) {
+namespace {
+
+// attention_grid's picture; panel_titles false leaves out the "L0 H0" over each panel.
+Image draw_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
+                const std::vector<std::string>& key_tokens, bool panel_titles) {
   const int64_t L = int64_t(query_tokens.size()), S = int64_t(key_tokens.size()), layers = int64_t(weights.size());
   const int64_t heads = check_attention_weights("mha::viz::attention_grid", weights, L, S);
   const GridLayout g = attention_grid_layout(layers, heads, query_tokens, key_tokens);
@@ -75,7 +78,7 @@ Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::
       title += std::to_string(layer);
       title += " H";
       title += std::to_string(h);
-      draw_text(img, x0, y0 - column_label * kLine - 2 - kLine - 4, title);
+      if (panel_titles) draw_text(img, x0, y0 - column_label * kLine - 2 - kLine - 4, title);
       for (int64_t j = 0; j < S; ++j)
         draw_text(img, x0 + j * kCell + 3, y0 - column_label * kLine - 2, key_tokens[size_t(j)], true);
       for (int64_t i = 0; i < L; ++i) {
@@ -100,8 +103,22 @@ Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::
   return img;
 }
 
+}  // namespace
+
+Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
+                     const std::vector<std::string>& key_tokens) {
+  return draw_grid(weights, query_tokens, key_tokens, true);
+}
+
 Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& tokens) {
   return attention_grid(weights, tokens, tokens);
+}
+
+Image value_grid(const Tensor& values, const std::vector<std::string>& row_labels,
+                 const std::vector<std::string>& column_labels) {
+  if (values.dim() != 2)
+    raise<ShapeError>("mha::viz::value_grid", "values", "(rows, columns)", shape_string(values.shape()));
+  return draw_grid({values.unsqueeze(0)}, row_labels, column_labels, false);
 }
 
 Image stack_pictures(const std::vector<Image>& images, const std::vector<std::string>& titles) {

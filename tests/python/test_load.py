@@ -92,6 +92,26 @@ def test_evaluate_matches_mha_eval(runs):
     assert longer["examples"] == 8 and 0 <= longer["token_accuracy"] <= 1
 
 
+def test_heads_match_the_cli(runs):
+    model = mha.load(runs["decoder"])
+    report = model.heads(examples=16, batch=5)
+    assert list(report) == ["self"]
+    r = report["self"]
+    assert r["importance"].shape == (2, 2) and r["positional"].dtype == bool and r["offset"].dtype == np.int64
+    np.testing.assert_allclose((r["importance"] ** 2).sum(axis=1), 1.0, rtol=1e-6)
+    out = run("heads", "--checkpoint", runs["decoder"], "--examples", "16", "--batch", "5")
+    rows = [line.split() for line in out.splitlines() if line.startswith("self")]
+    assert len(rows) == 4
+    for row in rows:
+        layer, head = int(row[1]), int(row[2])
+        assert abs(float(row[3]) - r["importance"][layer, head]) < 1e-3
+        assert abs(float(row[4]) - r["entropy"][layer, head]) < 1e-3
+    ed = mha.load(runs["encoder-decoder"]).heads(examples=8)
+    assert list(ed) == ["encoder", "decoder", "cross"] and ed["encoder"]["importance"].shape == (2, 2)
+    with pytest.raises(ValueError, match="examples"):
+        model.heads(examples=0)
+
+
 def test_encoder_decoder_and_encoder(runs):
     ed = mha.load(runs["encoder-decoder"])
     assert ed.architecture == "encoder-decoder"

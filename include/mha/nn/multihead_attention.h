@@ -120,8 +120,7 @@ class MultiheadAttention : public Module {
 
   // Gradients of the last forward's inputs; adds into every parameter's grad.
   // dweights: the gradient of the returned weights (their shape: averaged or
-  // per head, as the forward returned them) when a loss used them; the
-  // attention's backward then runs on the reference path.
+  // per head, as the forward returned them) when a loss used them.
   MultiheadAttentionInputGradients backward(const Tensor& doutput, const Tensor& dweights = {});
   void release_activations() override { saved_.reset(); }
 
@@ -138,6 +137,19 @@ class MultiheadAttention : public Module {
   Tensor forward_cached(const Tensor& x, KVCache& cache, const MultiheadAttentionInputs& inputs = {});
 
   void train(bool on = true) override;  // also drops the bfloat16 weight copies
+
+  // Head gates (Michel et al. 2019): head h's output is multiplied by gate h
+  // before the output projection, in forward, the cached and the memory
+  // forwards. Undefined (the default): every gate 1, at no cost. Set, (H,)
+  // in the module's dtype: each backward adds ∂L/∂gate_h into head_gate_grad,
+  // the importance of head h; the gates are not parameters (no optimizer
+  // step, not in checkpoints). A gate of 0 computes what the module with that
+  // head pruned computes. set_head_gates validates, zeroes head_gate_grad, and
+  // clears both with an undefined tensor.
+  void set_head_gates(const Tensor& gates);
+  const Tensor& head_gates() const { return head_gate_; }
+  const Tensor& head_gate_grad() const { return head_gate_grad_; }
+  void zero_head_gate_grad();
   // Cross-attention for decoding (inference): the keys and values of a
   // memory that stays the same while queries arrive step by step, projected
   // once. key (S, N, kdim) and value (S, N, vdim) as forward's (batch_first:
@@ -165,6 +177,7 @@ class MultiheadAttention : public Module {
   Generator dropout_gen_, feature_gen_;
   std::shared_ptr<Saved> saved_;
   Bf16Weights bf16_;
+  Tensor head_gate_, head_gate_grad_;
 
   // Wq, Wk, Wv, Wo as the products' operands: the parameters, or under
   // bf16_mixed their bfloat16 copies (made afresh when `refresh`).

@@ -35,6 +35,10 @@ Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::
 Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
                      const std::vector<std::string>& key_tokens);
 
+// One panel of values in [0, 1] (rows × columns, e.g. a layers × heads table
+// of importances) with its row and column labels and the colour scale.
+Image value_grid(const Tensor& values, const std::vector<std::string>& row_labels,
+                 const std::vector<std::string>& column_labels);
 // Pictures one under another, each under its title (ShapeError unless there
 // is one title per picture).
 Image stack_pictures(const std::vector<Image>& images, const std::vector<std::string>& titles);

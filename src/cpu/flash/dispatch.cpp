@@ -372,17 +372,18 @@ struct BackwardPlan {
 //   G_ij = P_ij (x_ij − Σ_j' P_ij' x_ij'),  x = C∘dW,
 // then dq_i += scale Σ_j G_ij k_j and dk_j += scale Σ_i G_ij q_i.
 // P comes from the forward kernel's weights pass (dropout off, the saved lse
-// given) for chunks of kChunkRows queries, G is formed in place over each
-// row's band, and two float32 products per chunk follow (rows·S·E each). P is
-// 0 where the mask excludes a key; a non-finite dW there (never to be read)
-// makes the sums non-finite, and the call then runs on the reference path.
-// A work item is a whole entry, its products on one thread, so that each
+// given) for chunks of kChunkRows queries, scale·G is formed in place over
+// each row's band, and two float32 products per chunk (rows·(hi − lo)·E
+// multiply-adds each, over the band's keys) add it into dQ and dK. P is 0
+// where the mask excludes a key; a non-finite dW there (never to be read)
+// makes the sums non-finite, and the call then runs on the reference path. A
+// work item is a whole entry, its products on one thread, so that each
 // entry's dK sums its chunks in one order whatever the thread count (a
 // threaded product need not: OpenBLAS's bits change with its threads); with
 // fewer entries than threads, some idle. Returns whether the accumulators are
 // finite afterwards.
 bool add_weights_gradient(const BackwardPlan& plan) {
-  constexpr int64_t kChunkRows = 4 * kQueryTile;  // rows per product: K's packing shared by 4 tiles
+  constexpr int64_t kChunkRows = 4 * kQueryTile;  // rows per product
   const AttentionParams& p = plan.p;
   const int64_t L = plan.L, S = plan.S, E = plan.E, Ev = plan.Ev, br = plan.br;
   const float* lse = plan.lse.data<float>();
@@ -433,7 +434,8 @@ bool add_weights_gradient(const BackwardPlan& plan) {
         for (int l = 0; l < 8; ++l) part[l] += Gi[j + l] * xi[j + l];
       for (; j < end; ++j) part[0] += Gi[j] * xi[j];
       const float D = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-      for (j = begin; j < end; ++j) Gi[j] *= xi[j] - D;
+      const float scale = float(p.scale);  // dS = scale·G: the products then add it as it is
+      for (j = begin; j < end; ++j) Gi[j] *= scale * (xi[j] - D);
       std::fill(Gi, Gi + begin, 0.0f);
       std::fill(Gi + end, Gi + S, 0.0f);
     }
@@ -450,10 +452,9 @@ bool add_weights_gradient(const BackwardPlan& plan) {
         const int64_t lo = p.key_begin(c0), hi = p.key_end(c0 + rows - 1);
         if (hi <= lo) continue;
         logit_gradient(b, c0, rows, G);
-        const float scale = float(p.scale);
-        gemm<float>(false, false, rows, E, hi - lo, scale, G + lo, S, plan.keys.at(b) + lo * plan.keys.row,
+        gemm<float>(false, false, rows, E, hi - lo, 1.0f, G + lo, S, plan.keys.at(b) + lo * plan.keys.row,
                     plan.keys.row, 1.0f, plan.dq_base + (b * L + c0) * plan.dq_pitch, plan.dq_pitch);
-        gemm<float>(true, false, hi - lo, E, rows, scale, G + lo, S, plan.queries.at(b) + c0 * plan.queries.row,
+        gemm<float>(true, false, hi - lo, E, rows, 1.0f, G + lo, S, plan.queries.at(b) + c0 * plan.queries.row,
                     plan.queries.row, 1.0f, plan.dk_base + (b * S + lo) * E, E);
       }
     });

@@ -22,6 +22,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <memory>
 #include <new>
 
 #include "cpu/flash/kernel.h"
@@ -189,13 +190,15 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) {
     // Other scalings (no layer asks for them): the product apart, then
     // C = alpha·product + beta·C (C not read for beta = 0).
-    float* t = static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float)));
+    // Owned, so that a product that throws (a refused allocation) does not leak it.
+    const std::unique_ptr<float, void (*)(void*)> owned(
+        static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float))), &std::free);
+    float* t = owned.get();
     if (!t) throw std::bad_alloc();
     sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, t, n);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < n; ++j)
         c[r * ldc + j] = beta == 0.0f ? alpha * t[r * n + j] : alpha * t[r * n + j] + beta * c[r * ldc + j];
-    std::free(t);
     return;
   }
   const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;

@@ -1,0 +1,71 @@
+// `mha heads`: each head's importance, entropy, confidence and positional
+// label over a checkpoint's held-out data (train/heads.h), as a table and a
+// layers × heads picture of the importances.
+#include <cstdio>
+#include <filesystem>
+
+#include "mha/errors.h"
+#include "mha/train/heads.h"
+#include "mha/viz/image.h"
+#include "train_command.h"
+
+namespace mha::tools {
+
+namespace {
+
+std::string label(const train::HeadStats& h) {
+  if (!h.positional) return "";
+  if (h.offset == 0) return "positional: itself";
+  if (h.offset == 1) return "positional: previous token";
+  std::string s = "positional: offset ";  // appended: GCC 12 warns (-Wrestrict) on "…" + to_string
+  s += std::to_string(h.offset);
+  return s;
+}
+
+}  // namespace
+
+int run_heads(const std::string& checkpoint, const std::string& out, int64_t examples, int64_t batch,
+              const train::LoadOptions& options) {
+  if (examples < 1) throw ValueError("[mha heads] --examples: expected >= 1; got " + std::to_string(examples));
+  if (!out.empty() && std::filesystem::path(out).extension() != ".png")
+    throw ValueError("[mha heads] --out: expected a file name ending in .png; got '" + out + "'");
+  train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint, options);
+  const train::TaskData data(loaded.info.task, loaded.info.seed);
+  std::vector<train::Example> heldout = data.heldout();
+  if (int64_t(heldout.size()) > examples) heldout.resize(size_t(examples));
+  const train::HeadReport report = train::head_report(*loaded.model, heldout, batch);
+  std::printf("heads of %s (%s, task %s) over %lld held-out examples; importance: |dL/dgate| summed over batches, "
+              "normalised per layer\n",
+              checkpoint.c_str(), train::to_string(loaded.info.architecture).c_str(),
+              train::to_string(loaded.info.task.task).c_str(), (long long)report.examples);
+  std::printf("%-8s %5s %4s %10s %8s %10s %6s %6s  %s\n", "site", "layer", "head", "importance", "entropy",
+              "confidence", "offset", "share", "label");
+  std::vector<viz::Image> pictures;
+  std::vector<std::string> titles;
+  for (const train::SiteReport& site : report.sites) {
+    const int64_t layers = int64_t(site.heads.size()), heads = layers ? int64_t(site.heads[0].size()) : 0;
+    std::vector<double> values;
+    std::vector<std::string> rows, columns;
+    for (int64_t l = 0; l < layers; ++l) {
+      rows.push_back(std::to_string(l));  // layer numbers
+      for (int64_t h = 0; h < heads; ++h) {
+        const train::HeadStats& s = site.heads[size_t(l)][size_t(h)];
+        values.push_back(s.importance);
+        const std::string offset = site.name == "cross" ? "-" : std::to_string(s.offset);
+        std::printf("%-8s %5lld %4lld %10.3f %8.3f %10.3f %6s %6.2f  %s\n", site.name.c_str(), (long long)l,
+                    (long long)h, s.importance, s.entropy, s.confidence, offset.c_str(), s.offset_share,
+                    label(s).c_str());
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) columns.push_back(std::to_string(h));  // head numbers
+    pictures.push_back(viz::value_grid(Tensor::from_values(values, {layers, heads}), rows, columns));
+    titles.push_back(site.name + " attention - head scores");  // the picture font has few letters
+  }
+  if (!out.empty()) {
+    viz::save_png(out, pictures.size() == 1 ? pictures[0] : viz::stack_pictures(pictures, titles));
+    std::printf("wrote %s: importance per layer (rows) and head (columns)\n", out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace mha::tools
