@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "mha/errors.h"
+#include "mha/train/checkpoint.h"
 #include "mha/train/heads.h"
 #include "mha/viz/image.h"
 #include "train_command.h"
@@ -30,10 +31,8 @@ int run_heads(const std::string& checkpoint, const std::string& out, int64_t exa
   if (!out.empty() && std::filesystem::path(out).extension() != ".png")
     throw ValueError("[mha heads] --out: expected a file name ending in .png; got '" + out + "'");
   train::LoadedCheckpoint loaded = train::load_checkpoint(checkpoint, options);
-  const train::TaskData data(loaded.info.task, loaded.info.seed);
-  std::vector<train::Example> heldout = data.heldout();
-  if (int64_t(heldout.size()) > examples) heldout.resize(size_t(examples));
-  const train::HeadReport report = train::head_report(*loaded.model, heldout, batch);
+  const train::HeadReport report =
+      train::head_report(*loaded.model, train::heldout_examples(loaded.info, 0, 0, examples), batch);
   std::printf("heads of %s (%s, task %s) over %lld held-out examples; importance: |dL/dgate| summed over batches, "
               "normalised per layer\n",
               checkpoint.c_str(), train::to_string(loaded.info.architecture).c_str(),

@@ -130,16 +130,15 @@ int run_train(TrainCommand& cmd) {
 int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_length, const train::LoadOptions& options) {
   train::LoadedCheckpoint loaded = load(checkpoint, options);
   // Other lengths than those trained on (length generalisation): a fresh held-out set.
-  if (min_length > 0) loaded.info.task.min_length = min_length;
-  if (max_length > 0) loaded.info.task.max_length = max_length;
   if (min_length > 0 || max_length > 0)
-    std::printf("evaluating on lengths %lld-%lld\n", (long long)loaded.info.task.min_length,
-                (long long)loaded.info.task.max_length);
-  const train::TaskData data(loaded.info.task, loaded.info.seed);
-  const train::Evaluation e = train::evaluate(*loaded.model, data.heldout());
+    std::printf("evaluating on lengths %lld-%lld\n",
+                (long long)(min_length > 0 ? min_length : loaded.info.task.min_length),
+                (long long)(max_length > 0 ? max_length : loaded.info.task.max_length));
+  const std::vector<train::Example> heldout = train::heldout_examples(loaded.info, min_length, max_length);
+  const train::Evaluation e = train::evaluate(*loaded.model, heldout);
   std::printf("%s: task %s, trained %lld steps; held-out exact match %s, token accuracy %s (%lld examples)\n",
               checkpoint.c_str(), train::to_string(loaded.info.task.task).c_str(), (long long)loaded.info.steps,
-              percent(e.exact_match).c_str(), percent(e.token_accuracy).c_str(), (long long)data.heldout().size());
+              percent(e.exact_match).c_str(), percent(e.token_accuracy).c_str(), (long long)heldout.size());
   return 0;
 }
 

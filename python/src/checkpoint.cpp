@@ -104,12 +104,9 @@ py::list token_attention(TokenModel& m, const std::vector<int64_t>& input, const
 // Held-out exact match and token accuracy on the task's held-out split, at
 // other input lengths when given (length generalisation).
 py::dict token_evaluate(TokenModel& m, int64_t min_length, int64_t max_length) {
-  train::TaskConfig task = m.loaded.info.task;
-  if (min_length > 0) task.min_length = min_length;
-  if (max_length > 0) task.max_length = max_length;
   const auto [e, count] = on_model(m.mutex, [&] {
-    const train::TaskData data(task, m.loaded.info.seed);
-    return std::pair{train::evaluate(*m.loaded.model, data.heldout()), data.heldout().size()};
+    const std::vector<train::Example> heldout = train::heldout_examples(m.loaded.info, min_length, max_length);
+    return std::pair{train::evaluate(*m.loaded.model, heldout), heldout.size()};
   });
   py::dict d;
   d["exact_match"] = e.exact_match;
@@ -123,10 +120,7 @@ py::dict token_evaluate(TokenModel& m, int64_t min_length, int64_t max_length) {
 py::list token_heads(TokenModel& m, int64_t examples, int64_t batch) {
   if (examples < 1) throw ValueError("[mha.load(...).heads] examples: expected >= 1; got " + std::to_string(examples));
   const train::HeadReport report = on_model(m.mutex, [&] {
-    const train::TaskData data(m.loaded.info.task, m.loaded.info.seed);
-    std::vector<train::Example> heldout = data.heldout();
-    if (int64_t(heldout.size()) > examples) heldout.resize(size_t(examples));
-    return train::head_report(*m.loaded.model, heldout, batch);
+    return train::head_report(*m.loaded.model, train::heldout_examples(m.loaded.info, 0, 0, examples), batch);
   });
   py::list out;
   for (const train::SiteReport& site : report.sites) {

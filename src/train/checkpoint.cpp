@@ -54,11 +54,32 @@ nn::AttentionVariant parse_attention(const json& j, const std::string& path) {
   return a;
 }
 
+// What the token models' and the ViT's configs share.
+const char* activation_name(nn::Activation a) { return a == nn::Activation::relu ? "relu" : "gelu"; }
+
+nn::Activation parse_activation(const json& model, const std::string& path) {
+  const std::string act = model.at("activation").get<std::string>();
+  if (act != "relu" && act != "gelu") bad(path, "activation must be relu or gelu; got " + act);
+  return act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+}
+
+DType parse_dtype(const json& model, const std::string& path) {
+  const std::string dtype = model.at("dtype").get<std::string>();
+  if (dtype != "float32" && dtype != "float64") bad(path, "dtype must be float32 or float64; got " + dtype);
+  return dtype == "float64" ? DType::float64 : DType::float32;
+}
+
+// The "model" object of an mha checkpoint's config (format and version checked).
+const json& model_of(const json& config, const std::string& path) {
+  if (config.at("format") != "mha-checkpoint" || config.at("version") != 1) bad(path, "not an mha checkpoint (version 1)");
+  return config.at("model");
+}
+
 json config_json(const Checkpoint& info, const std::string& save_id) {
   const nn::LanguageModelConfig& m = info.model;
   json model = {{"architecture", to_string(info.architecture)}, {"vocab_size", m.vocab_size}, {"d_model", m.d_model},
                 {"nhead", m.nhead}, {"num_layers", m.num_layers}, {"dim_feedforward", m.dim_feedforward},
-                {"dropout", m.dropout}, {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"},
+                {"dropout", m.dropout}, {"activation", activation_name(m.activation)},
                 {"norm_first", m.norm_first}, {"dtype", to_string(m.dtype)}, {"position", nn::to_string(m.position)},
                 {"max_len", m.max_len}, {"num_buckets", m.num_buckets}, {"max_distance", m.max_distance},
                 {"rope_base", m.rope_base}, {"precision", nn::to_string(m.precision)},
@@ -80,8 +101,7 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
 Checkpoint parse_config(const json& c, const std::string& path) {
   Checkpoint info;
   try {
-    if (c.at("format") != "mha-checkpoint" || c.at("version") != 1) bad(path, "not an mha checkpoint (version 1)");
-    const auto& m = c.at("model");
+    const json& m = model_of(c, path);
     // Checkpoints from before the encoder–decoder are decoder-only.
     const std::string architecture = m.value("architecture", "decoder");
     if (architecture == "vision")
@@ -100,13 +120,9 @@ Checkpoint parse_config(const json& c, const std::string& path) {
     mc.num_layers = m.at("num_layers").get<int64_t>();
     mc.dim_feedforward = m.at("dim_feedforward").get<int64_t>();
     mc.dropout = m.at("dropout").get<double>();
-    const std::string act = m.at("activation").get<std::string>();
-    if (act != "relu" && act != "gelu") bad(path, "activation must be relu or gelu; got " + act);
-    mc.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+    mc.activation = parse_activation(m, path);
     mc.norm_first = m.at("norm_first").get<bool>();
-    const std::string dtype = m.at("dtype").get<std::string>();
-    if (dtype != "float32" && dtype != "float64") bad(path, "dtype must be float32 or float64; got " + dtype);
-    mc.dtype = dtype == "float64" ? DType::float64 : DType::float32;
+    mc.dtype = parse_dtype(m, path);
     // Checkpoints from before position kinds existed are sinusoidal.
     const std::string position = m.value("position", "sinusoidal");
     try {
@@ -126,7 +142,7 @@ Checkpoint parse_config(const json& c, const std::string& path) {
       bad(path, "precision must be float32 or bf16-mixed; got " + precision);
     }
     if (mc.precision == nn::Precision::bf16_mixed && mc.dtype != DType::float32)
-      bad(path, "precision bf16-mixed needs dtype float32; got " + dtype);
+      bad(path, "precision bf16-mixed needs dtype float32; got " + to_string(mc.dtype));
     mc.checkpoint_activations = m.value("checkpoint_activations", mc.checkpoint_activations);
     if (m.contains("attention")) mc.attention = parse_attention(m.at("attention"), path);
     const auto& t = c.at("task");
@@ -332,7 +348,7 @@ json vision_config_json(const VisionCheckpoint& info, const std::string& save_id
   const json model = {{"architecture", "vision"}, {"image_side", m.image_side}, {"patch", m.patch},
                       {"classes", m.classes}, {"d_model", m.d_model}, {"nhead", m.nhead},
                       {"num_layers", m.num_layers}, {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
-                      {"activation", m.activation == nn::Activation::relu ? "relu" : "gelu"},
+                      {"activation", activation_name(m.activation)},
                       {"dtype", to_string(m.dtype)}, {"attention", attention_json(m.attention)}};
   return {{"format", "mha-checkpoint"}, {"version", 1},   {"save_id", save_id},
           {"model", model},             {"seed", info.seed}, {"steps", info.steps},
@@ -342,8 +358,7 @@ json vision_config_json(const VisionCheckpoint& info, const std::string& save_id
 VisionCheckpoint parse_vision_config(const json& c, const std::string& path) {
   VisionCheckpoint info;
   try {
-    if (c.at("format") != "mha-checkpoint" || c.at("version") != 1) bad(path, "not an mha checkpoint (version 1)");
-    const auto& m = c.at("model");
+    const json& m = model_of(c, path);
     if (m.value("architecture", "decoder") != "vision")
       bad(path, "a token model's checkpoint: load it with load_checkpoint");
     nn::VisionTransformerConfig& v = info.model;
@@ -352,12 +367,8 @@ VisionCheckpoint parse_vision_config(const json& c, const std::string& path) {
                                {"dim_feedforward", &v.dim_feedforward}})
       *field = m.at(name).get<int64_t>();
     v.dropout = m.at("dropout").get<double>();
-    const std::string act = m.at("activation").get<std::string>();
-    if (act != "relu" && act != "gelu") bad(path, "activation must be relu or gelu; got " + act);
-    v.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
-    const std::string dtype = m.at("dtype").get<std::string>();
-    if (dtype != "float32" && dtype != "float64") bad(path, "dtype must be float32 or float64; got " + dtype);
-    v.dtype = dtype == "float64" ? DType::float64 : DType::float32;
+    v.activation = parse_activation(m, path);
+    v.dtype = parse_dtype(m, path);
     v.attention = parse_attention(m.at("attention"), path);
     info.seed = c.at("seed").get<uint64_t>();
     info.steps = c.at("steps").get<int64_t>();
@@ -407,8 +418,7 @@ std::string checkpoint_architecture(const std::string& dir) {
   const std::string path = dir + "/config.json";
   const json config = read_config(path);
   try {
-    if (config.at("format") != "mha-checkpoint") bad(path, "not an mha checkpoint");
-    const std::string architecture = config.at("model").value("architecture", "decoder");
+    const std::string architecture = model_of(config, path).value("architecture", "decoder");
     if (architecture != "vision") (void)parse_architecture(architecture);
     return architecture;
   } catch (const json::exception& e) {
@@ -425,6 +435,15 @@ std::vector<int64_t> answer(LoadedCheckpoint& loaded, const std::vector<int64_t>
     throw ValueError(std::string("[") + fn + "] task: expected one whose output length the input fixes (an "
                      "encoder fills that many slots); got plain add");
   return loaded.model->answer({input}, {length}, max_new)[0];
+}
+
+std::vector<Example> heldout_examples(const Checkpoint& info, int64_t min_length, int64_t max_length, int64_t limit) {
+  TaskConfig task = info.task;
+  if (min_length > 0) task.min_length = min_length;
+  if (max_length > 0) task.max_length = max_length;
+  std::vector<Example> examples = TaskData(task, info.seed).heldout();
+  if (limit > 0 && int64_t(examples.size()) > limit) examples.resize(size_t(limit));
+  return examples;
 }
 
 std::string config_json(const Checkpoint& info) {

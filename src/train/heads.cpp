@@ -80,7 +80,18 @@ HeadReport head_report(TaskModel& model, const std::vector<Example>& examples, i
       importance[s].push_back(std::vector<double>(size_t(H), 0.0));
     }
   model.eval();
-  try {
+  {
+    // However the batches end: the gates cleared, no gradient left behind.
+    struct Restore {
+      TaskModel& model;
+      std::vector<AttentionSite>& sites;
+      ~Restore() {
+        for (AttentionSite& site : sites)
+          for (nn::MultiheadAttention* m : site.layers) m->set_head_gates({});
+        model.zero_grad();
+        model.release_activations();
+      }
+    } restore{model, sites};
     for (size_t first = 0; first < examples.size(); first += size_t(batch)) {
       const std::vector<Example> part(examples.begin() + int64_t(first),
                                       examples.begin() + int64_t(std::min(examples.size(), first + size_t(batch))));
@@ -90,16 +101,7 @@ HeadReport head_report(TaskModel& model, const std::vector<Example>& examples, i
       model.backward(loss.dlogits);
       collect(sites, importance);
     }
-  } catch (...) {
-    for (AttentionSite& site : sites)
-      for (nn::MultiheadAttention* m : site.layers) m->set_head_gates({});
-    model.zero_grad();
-    throw;
   }
-  for (AttentionSite& site : sites)
-    for (nn::MultiheadAttention* m : site.layers) m->set_head_gates({});
-  model.zero_grad();
-  model.release_activations();
 
   // The attention of each example, by site name.
   std::map<std::string, std::vector<LayerSums>> weights;

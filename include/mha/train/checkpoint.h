@@ -71,6 +71,12 @@ LoadedCheckpoint load_training_checkpoint(const std::string& dir, const LoadOpti
 std::vector<int64_t> answer(LoadedCheckpoint& loaded, const std::vector<int64_t>& input, int64_t max_new,
                             const char* fn);
 
+// The checkpoint's held-out examples (its task and seed: the split training
+// never sampled), at other input lengths where min_length or max_length > 0
+// (length generalisation), the first `limit` of them where limit > 0.
+std::vector<Example> heldout_examples(const Checkpoint& info, int64_t min_length = 0, int64_t max_length = 0,
+                                      int64_t limit = 0);
+
 // A Vision Transformer's checkpoint (`mha train --task digits --out DIR`):
 // model.safetensors and config.json (model.architecture "vision"), written
 // and verified as above, both with one save id (no training state: an
