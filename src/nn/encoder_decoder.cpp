@@ -31,8 +31,8 @@ void check_padding(const Tensor& mask, const Tensor& src_ids, const char* fn) {
 EncoderDecoderModel::EncoderDecoderModel(const EncoderDecoderConfig& c, Generator& gen)
     : embedding(checked_token_embedding(c), gen),
       head({.in_features = c.decoder.d_model, .out_features = c.decoder.vocab_size, .dtype = c.decoder.dtype}, gen),
-      encoder(stack_config(c.decoder, c.num_encoder_layers), false, gen),
-      decoder(stack_config(c.decoder, c.decoder.num_layers), gen),
+      encoder(stack_config(c.decoder, c.num_encoder_layers, c.encoder_heads), false, gen),
+      decoder(stack_config(c.decoder, c.decoder.num_layers, c.decoder.heads, c.cross_heads), gen),
       config_(c) {
   make_position_embedding(position_embedding, c.decoder, gen);
 }
@@ -106,6 +106,17 @@ Tensor EncoderDecoderModel::decode_step(const Tensor& tgt_ids) {
   check_ids(tgt_ids, fn, "tgt_ids");
   const Tensor y = embed_tokens(embedding, position_embedding, config_.decoder, tgt_ids, decoded_length(), fn);
   return head.forward(decoder.decode_step(y));
+}
+
+void EncoderDecoderModel::prune_heads(Site site, int64_t layer, const std::vector<int64_t>& ids) {
+  if (site == Site::encoder) {
+    encoder.prune_heads(layer, ids);
+    config_.encoder_heads = encoder.config().heads;
+    return;
+  }
+  decoder.prune_heads(layer, ids, site == Site::cross);
+  config_.decoder.heads = decoder.config().heads;
+  config_.cross_heads = decoder.config().cross_heads;
 }
 
 }  // namespace mha::nn

@@ -14,7 +14,7 @@ constexpr const char* kCtor = "mha::nn::LanguageModel";
 LanguageModel::LanguageModel(const LanguageModelConfig& c, Generator& gen)
     : embedding(checked_token_embedding(c, kCtor), gen),
       head({.in_features = c.d_model, .out_features = c.vocab_size, .dtype = c.dtype, .precision = c.precision}, gen),
-      transformer(stack_config(c, c.num_layers), c.causal, gen),
+      transformer(stack_config(c, c.num_layers, c.heads), c.causal, gen),
       config_(c) {
   make_position_embedding(position_embedding, c, gen);  // drawn last, so that a sinusoidal model is as before
 }
@@ -59,6 +59,11 @@ Tensor LanguageModel::decode_step(const Tensor& ids) {
   check_ids(ids, fn);
   const Tensor x = embed_tokens(embedding, position_embedding, config_, ids, decoded_length(), fn);
   return head.forward(transformer.decode_step(x));
+}
+
+void LanguageModel::prune_heads(int64_t layer, const std::vector<int64_t>& ids) {
+  transformer.prune_heads(layer, ids);
+  config_.heads = transformer.config().heads;
 }
 
 }  // namespace mha::nn

@@ -27,7 +27,9 @@ EmbeddingConfig checked_token_embedding(const LanguageModelConfig& c, const char
   return {.num_embeddings = c.vocab_size, .embedding_dim = c.d_model, .dtype = c.dtype};
 }
 
-TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_layers) {
+TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_layers,
+                                    const std::vector<std::vector<int64_t>>& heads,
+                                    const std::vector<std::vector<int64_t>>& cross_heads) {
   const std::optional<double> rotary = c.position == Position::rope ? std::optional(c.rope_base) : std::nullopt;
   return {.layer = {.d_model = c.d_model, .nhead = c.nhead, .dim_feedforward = c.dim_feedforward, .dropout = c.dropout,
                     .activation = c.activation, .batch_first = true, .norm_first = c.norm_first, .dtype = c.dtype,
@@ -36,7 +38,9 @@ TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_la
           .num_layers = num_layers,
           .position = c.position,
           .num_buckets = c.num_buckets,
-          .max_distance = c.max_distance};
+          .max_distance = c.max_distance,
+          .heads = heads,
+          .cross_heads = cross_heads};
 }
 
 void make_position_embedding(std::optional<Embedding>& table, const LanguageModelConfig& c, Generator& gen) {

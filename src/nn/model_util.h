@@ -12,7 +12,10 @@ namespace mha::nn {
 EmbeddingConfig checked_token_embedding(const LanguageModelConfig& c, const char* fn);
 
 // The settings of a stack of num_layers layers of the model c.
-TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_layers);
+// heads, cross_heads: TransformerStackConfig's lists.
+TransformerStackConfig stack_config(const LanguageModelConfig& c, int64_t num_layers,
+                                    const std::vector<std::vector<int64_t>>& heads,
+                                    const std::vector<std::vector<int64_t>>& cross_heads = {});
 
 // The learned position table (max_len, D) when c.position is learned.
 void make_position_embedding(std::optional<Embedding>& table, const LanguageModelConfig& c, Generator& gen);

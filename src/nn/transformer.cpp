@@ -32,7 +32,15 @@ namespace {
 // Rotary positions and the attention variant apply to self-attention only.
 MultiheadAttentionConfig attention_config(const TransformerEncoderLayerConfig& c, bool self_attention) {
   const AttentionVariant attention = self_attention ? c.attention : AttentionVariant{};
-  return {.embed_dim = c.d_model, .num_heads = c.nhead, .dropout = attention.computes_weights() ? c.dropout : 0.0,
+  const int64_t heads = self_attention ? c.self_heads : c.cross_heads;
+  if (heads < -1)
+    raise<ValueError>("mha::nn::TransformerEncoderLayer", self_attention ? "self_heads" : "cross_heads",
+                      ">= 0, or -1 (nhead)", std::to_string(heads));
+  if (heads >= 0 && (c.nhead <= 0 || c.d_model % c.nhead != 0))
+    raise<ValueError>("mha::nn::TransformerEncoderLayer", "d_model", "a multiple of nhead = " + std::to_string(c.nhead) +
+                      " (the head dim of every layer)", std::to_string(c.d_model));
+  return {.embed_dim = c.d_model, .num_heads = heads >= 0 ? heads : c.nhead,
+          .head_dim = heads >= 0 ? c.d_model / c.nhead : 0, .dropout = attention.computes_weights() ? c.dropout : 0.0,
           .batch_first = c.batch_first, .dtype = c.dtype, .rotary_base = self_attention ? c.rotary_base : std::nullopt,
           .precision = c.precision, .attention = attention};
 }

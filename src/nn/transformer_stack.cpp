@@ -4,6 +4,8 @@
 // projected once).
 #include "mha/nn/transformer_stack.h"
 
+#include <algorithm>
+
 #include "nn/layer_util.h"
 
 namespace mha::nn {
@@ -26,8 +28,18 @@ void check_stack_config(const TransformerStackConfig& c, bool bidirectional, con
 
 TransformerStackConfig checked(TransformerStackConfig c, bool bidirectional, const char* fn) {
   check_stack_config(c, bidirectional, fn);
+  check_head_lists(c.heads, c.num_layers, c.layer.nhead, "heads", fn);
+  check_head_lists(c.cross_heads, c.num_layers, c.layer.nhead, "cross_heads", fn);
   c.layer.batch_first = true;
   return c;
+}
+
+// Layer i's config: its head counts from the lists.
+TransformerEncoderLayerConfig layer_config(const TransformerStackConfig& c, size_t i) {
+  TransformerEncoderLayerConfig layer = c.layer;
+  if (!c.heads.empty()) layer.self_heads = int64_t(c.heads[i].size());
+  if (!c.cross_heads.empty()) layer.cross_heads = int64_t(c.cross_heads[i].size());
+  return layer;
 }
 
 void check_sequences(const Tensor& x, const char* fn, const char* name) {
@@ -44,7 +56,8 @@ TransformerStack<Layer>::TransformerStack(const TransformerStackConfig& config, 
     : norm({.normalized_shape = config.layer.d_model, .eps = config.layer.layer_norm_eps, .dtype = config.layer.dtype}),
       config_(config),
       bidirectional_(bidirectional) {
-  for (int64_t i = 0; i < config_.num_layers; ++i) layers.push_back(std::make_unique<Layer>(config_.layer, gen));
+  for (int64_t i = 0; i < config_.num_layers; ++i)
+    layers.push_back(std::make_unique<Layer>(layer_config(config_, size_t(i)), gen));
   if (config_.position == Position::relative)
     relative_attention_bias.emplace(
         EmbeddingConfig{.num_embeddings = config_.num_buckets, .embedding_dim = config_.layer.nhead,
@@ -93,11 +106,58 @@ Tensor TransformerStack<Layer>::position_bias(int64_t L, int64_t offset) {
 }
 
 template <class Layer>
+Tensor TransformerStack<Layer>::layer_bias(const Tensor& bias, size_t layer) const {
+  if (!bias.defined() || config_.heads.empty()) return bias;
+  const std::vector<int64_t>& ids = config_.heads[layer];
+  if (int64_t(ids.size()) == config_.layer.nhead) return bias;
+  Shape shape = bias.shape();
+  shape[1] = int64_t(ids.size());
+  Tensor out = Tensor::empty(shape, bias.dtype());
+  for (size_t j = 0; j < ids.size(); ++j) out.select(1, int64_t(j)).copy_(bias.select(1, ids[j]));
+  return out;
+}
+
+template <class Layer>
 void TransformerStack<Layer>::position_bias_backward() {
   if (!relative_attention_bias) return;
-  Tensor dbias;  // (1, H, L, L): the shared bias collects every layer's gradient
-  for (size_t i = layers.size(); i-- > 0;) dbias = add_or_first(dbias, layers[i]->attn_bias_grad());
+  // (1, H, L, L): the shared bias collects every layer's gradient, each
+  // layer's planes onto its heads' ids.
+  Tensor dbias;
+  for (size_t i = layers.size(); i-- > 0;) {
+    const Tensor& g = layers[i]->attn_bias_grad();
+    const std::vector<int64_t> ids = head_ids(int64_t(i));
+    if (int64_t(ids.size()) == config_.layer.nhead) {
+      dbias = add_or_first(dbias, g);
+      continue;
+    }
+    Shape shape = g.shape();
+    shape[1] = config_.layer.nhead;
+    Tensor spread = Tensor::zeros(shape, g.dtype());
+    for (size_t j = 0; j < ids.size(); ++j) spread.select(1, ids[j]).copy_(g.select(1, int64_t(j)));
+    dbias = add_or_first(dbias, spread);
+  }
   relative_attention_bias->backward(dbias.select(0, 0).permute({1, 2, 0}));
+}
+
+template <class Layer>
+std::vector<int64_t> TransformerStack<Layer>::head_ids(int64_t layer, bool cross) const {
+  const std::vector<std::vector<int64_t>>& lists = cross ? config_.cross_heads : config_.heads;
+  return lists.empty() ? all_heads(config_.layer.nhead) : lists[size_t(layer)];
+}
+
+template <class Layer>
+void TransformerStack<Layer>::prune_heads(int64_t layer, const std::vector<int64_t>& ids, bool cross) {
+  const char* fn = "mha::nn::TransformerStack::prune_heads";
+  if (layer < 0 || layer >= int64_t(layers.size()))
+    raise<ValueError>(fn, "layer", "in [0, " + std::to_string(layers.size()) + ")", std::to_string(layer));
+  MultiheadAttention* attention = &layers[size_t(layer)]->self_attn;
+  if constexpr (std::is_same_v<Layer, TransformerDecoderLayer>) {
+    if (cross) attention = &layers[size_t(layer)]->multihead_attn;
+  } else if (cross) {
+    raise<ValueError>(fn, "cross", "false (an encoder stack has no cross-attention)", "true");
+  }
+  prune_layer_heads(cross ? config_.cross_heads : config_.heads, config_.num_layers, config_.layer.nhead, layer, ids,
+                    *attention, fn);
 }
 
 template <class Layer>
@@ -106,6 +166,46 @@ void TransformerStack<Layer>::check_decode_batch(const Tensor& x, const char* fn
   if (decoded_length() > 0 && x.size(0) != caches_[0].key.size(0))
     raise<ShapeError>(fn, "x", "batch size " + std::to_string(caches_[0].key.size(0)) + " (the sequence's so far)",
                       shape_string(x.shape()));
+}
+
+std::vector<int64_t> all_heads(int64_t n) {
+  std::vector<int64_t> ids(size_t(std::max<int64_t>(n, 0)));
+  for (int64_t h = 0; h < n; ++h) ids[size_t(h)] = h;
+  return ids;
+}
+
+void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int64_t num_layers, int64_t nhead,
+                      const char* name, const char* fn) {
+  if (lists.empty()) return;
+  if (int64_t(lists.size()) != num_layers)
+    raise<ValueError>(fn, name, "one list of heads per layer (" + std::to_string(num_layers) + ")",
+                      std::to_string(lists.size()) + " lists");
+  for (const std::vector<int64_t>& ids : lists)
+    for (size_t j = 0; j < ids.size(); ++j)
+      if (ids[j] < 0 || ids[j] >= nhead || (j > 0 && ids[j] <= ids[j - 1]))
+        raise<ValueError>(fn, name, "ascending head ids in [0, " + std::to_string(nhead) + ") (nhead)",
+                          "id " + std::to_string(ids[j]));
+}
+
+void prune_layer_heads(std::vector<std::vector<int64_t>>& lists, int64_t num_layers, int64_t nhead, int64_t layer,
+                       const std::vector<int64_t>& ids, MultiheadAttention& attention, const char* fn) {
+  if (layer < 0 || layer >= num_layers)
+    raise<ValueError>(fn, "layer", "in [0, " + std::to_string(num_layers) + ")", std::to_string(layer));
+  const std::vector<int64_t> have = lists.empty() ? all_heads(nhead) : lists[size_t(layer)];
+  std::vector<int64_t> positions;
+  for (int64_t id : ids) {
+    const auto at = std::find(have.begin(), have.end(), id);
+    if (at == have.end())
+      raise<ValueError>(fn, "ids", "heads of layer " + std::to_string(layer) + " (" + std::to_string(have.size()) +
+                        " left)", "head " + std::to_string(id) + ", which it does not have");
+    positions.push_back(int64_t(at - have.begin()));
+  }
+  attention.prune_heads(positions);
+  if (lists.empty()) lists.assign(size_t(num_layers), all_heads(nhead));
+  std::vector<int64_t>& kept = lists[size_t(layer)];
+  kept.erase(std::remove_if(kept.begin(), kept.end(),
+                            [&](int64_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }),
+             kept.end());
 }
 
 template class TransformerStack<TransformerEncoderLayer>;
@@ -119,10 +219,11 @@ Tensor TransformerEncoder::forward(const Tensor& x_in, const Tensor& key_padding
   const Tensor bias = position_bias(x_in.size(1), 0);
   weights_.clear();
   Tensor x = x_in;
-  for (auto& layer : layers) {
-    x = layer->forward(x, {.src_key_padding_mask = key_padding_mask, .is_causal = causal(),
-                           .need_weights = need_weights, .attn_bias = bias, .attn_bias_grad = bias_has_grad()});
-    if (need_weights) weights_.push_back(layer->last_attention_weights());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    x = layers[i]->forward(x, {.src_key_padding_mask = key_padding_mask, .is_causal = causal(),
+                               .need_weights = need_weights, .attn_bias = layer_bias(bias, i),
+                               .attn_bias_grad = bias_has_grad()});
+    if (need_weights) weights_.push_back(layers[i]->last_attention_weights());
   }
   return final_norm(x);
 }
@@ -142,7 +243,7 @@ Tensor TransformerEncoder::decode_step(const Tensor& x_in) {
   const Tensor bias = position_bias(x_in.size(1), decoded_length());
   Tensor x = x_in;
   for (size_t i = 0; i < layers.size(); ++i)
-    x = layers[i]->forward_cached(x, caches_[i], {.is_causal = true, .attn_bias = bias});
+    x = layers[i]->forward_cached(x, caches_[i], {.is_causal = true, .attn_bias = layer_bias(bias, i)});
   return final_norm(x);
 }
 
@@ -158,13 +259,14 @@ Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, cons
   weights_.clear();
   cross_weights_.clear();
   Tensor x = tgt;
-  for (auto& layer : layers) {
-    x = layer->forward(x, memory,
-                       {.memory_key_padding_mask = memory_key_padding_mask, .tgt_is_causal = true,
-                        .need_weights = need_weights, .tgt_attn_bias = bias, .tgt_attn_bias_grad = bias_has_grad()});
+  for (size_t i = 0; i < layers.size(); ++i) {
+    x = layers[i]->forward(x, memory,
+                           {.memory_key_padding_mask = memory_key_padding_mask, .tgt_is_causal = true,
+                            .need_weights = need_weights, .tgt_attn_bias = layer_bias(bias, i),
+                            .tgt_attn_bias_grad = bias_has_grad()});
     if (need_weights) {
-      weights_.push_back(layer->last_attention_weights());
-      cross_weights_.push_back(layer->last_cross_attention_weights());
+      weights_.push_back(layers[i]->last_attention_weights());
+      cross_weights_.push_back(layers[i]->last_cross_attention_weights());
     }
   }
   return final_norm(x);
@@ -198,7 +300,8 @@ Tensor TransformerDecoder::decode_step(const Tensor& tgt) {
   for (size_t i = 0; i < layers.size(); ++i)
     x = layers[i]->forward_cached(
         x, caches_[i], memories_[i],
-        {.memory_key_padding_mask = memory_key_padding_mask_, .tgt_is_causal = true, .tgt_attn_bias = bias});
+        {.memory_key_padding_mask = memory_key_padding_mask_, .tgt_is_causal = true,
+         .tgt_attn_bias = layer_bias(bias, i)});
   return final_norm(x);
 }
 

@@ -2,6 +2,8 @@
 // attention, the patches' mean's) logits out.
 #include "mha/nn/vision_transformer.h"
 
+#include "mha/nn/transformer_stack.h"
+
 #include "nn/layer_util.h"
 
 namespace mha::nn {
@@ -84,12 +86,21 @@ VisionTransformer::VisionTransformer(const VisionTransformerConfig& c, Generator
       config_(c) {
   // Axial attention reads the patches as the grid's rows: G positions each.
   if (pooled()) config_.attention.axial_width = grid();
+  check_head_lists(c.heads, c.num_layers, c.nhead, "heads", "mha::nn::VisionTransformer");
   for (int64_t i = 0; i < c.num_layers; ++i)
     layers.push_back(std::make_unique<TransformerEncoderLayer>(
         TransformerEncoderLayerConfig{.d_model = c.d_model, .nhead = c.nhead, .dim_feedforward = c.dim_feedforward,
                                       .dropout = c.dropout, .activation = c.activation, .batch_first = true,
-                                      .norm_first = true, .dtype = c.dtype, .attention = config_.attention},
+                                      .norm_first = true, .dtype = c.dtype, .attention = config_.attention,
+                                      .self_heads = c.heads.empty() ? -1 : int64_t(c.heads[size_t(i)].size())},
         gen));
+}
+
+void VisionTransformer::prune_heads(int64_t layer, const std::vector<int64_t>& ids) {
+  const char* fn = "mha::nn::VisionTransformer::prune_heads";
+  if (layer < 0 || layer >= int64_t(layers.size()))
+    raise<ValueError>(fn, "layer", "in [0, " + std::to_string(layers.size()) + ")", std::to_string(layer));
+  prune_layer_heads(config_.heads, config_.num_layers, config_.nhead, layer, ids, layers[size_t(layer)]->self_attn, fn);
 }
 
 std::vector<NamedParameter> VisionTransformer::named_parameters() {

@@ -8,6 +8,7 @@
 
 #include "mha/errors.h"
 #include "mha/io/safetensors.h"
+#include "mha/train/pruning.h"
 
 namespace mha::train {
 
@@ -86,6 +87,10 @@ json config_json(const Checkpoint& info, const std::string& save_id) {
                 {"checkpoint_activations", m.checkpoint_activations}, {"attention", attention_json(m.attention)}};
   // An encoder–decoder's num_layers is its decoder's.
   if (info.architecture == Architecture::encoder_decoder) model["num_encoder_layers"] = info.num_encoder_layers;
+  // Heads per layer by id, only where a layer has fewer than nhead (pruned, or counts per layer).
+  for (auto [name, lists] : {std::pair{"heads", &m.heads}, {"encoder_heads", &info.encoder_heads},
+                             {"cross_heads", &info.cross_heads}})
+    if (!lists->empty()) model[name] = *lists;
   return {{"format", "mha-checkpoint"},
           {"version", 1},
           {"save_id", save_id},
@@ -145,6 +150,10 @@ Checkpoint parse_config(const json& c, const std::string& path) {
       bad(path, "precision bf16-mixed needs dtype float32; got " + to_string(mc.dtype));
     mc.checkpoint_activations = m.value("checkpoint_activations", mc.checkpoint_activations);
     if (m.contains("attention")) mc.attention = parse_attention(m.at("attention"), path);
+    // Checkpoints from before pruning have nhead heads in every layer.
+    mc.heads = m.value("heads", mc.heads);
+    info.encoder_heads = m.value("encoder_heads", info.encoder_heads);
+    info.cross_heads = m.value("cross_heads", info.cross_heads);
     const auto& t = c.at("task");
     info.task.task = parse_task(t.at("task").get<std::string>());
     info.task.min_length = t.at("min_length").get<int64_t>();
@@ -196,7 +205,7 @@ size_t fill(const std::vector<nn::NamedParameter>& params, const std::map<std::s
 
 std::unique_ptr<TaskModel> build(const Checkpoint& info) {
   Generator gen(0);
-  return make_task_model(info.architecture, info.model, info.num_encoder_layers, gen);
+  return make_task_model(info.architecture, info.model, info.num_encoder_layers, gen, info.encoder_heads, info.cross_heads);
 }
 
 std::string metadata(const io::SafetensorsFile& f, const std::string& key) {
@@ -243,7 +252,9 @@ void save_checkpoint(const std::string& dir, TaskModel& model, const Checkpoint&
                      to_string(model.architecture()) + "; got " + to_string(info.architecture));
   std::filesystem::create_directories(dir);
   const std::string save_id = new_save_id(info.steps);
-  const json config = config_json(info, save_id);
+  Checkpoint recorded = info;
+  record_heads(model, recorded);
+  const json config = config_json(recorded, save_id);
   const std::vector<nn::NamedParameter> params = model.named_parameters();
   if (state) {
     if (state->exp_avg.size() != params.size() || state->exp_avg_sq.size() != params.size())

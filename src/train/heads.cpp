@@ -8,6 +8,7 @@
 #include "mha/errors.h"
 #include "check.h"
 #include "mha/nn/loss.h"
+#include "mha/train/pruning.h"
 
 namespace mha::train {
 
@@ -120,7 +121,7 @@ HeadReport head_report(TaskModel& model, const std::vector<Example>& examples, i
   HeadReport report;
   report.examples = int64_t(examples.size());
   for (size_t s = 0; s < sites.size(); ++s) {
-    SiteReport site{sites[s].name, {}};
+    SiteReport site{sites[s].name, {}, head_ids(model, sites[s].name)};
     const auto found = weights.find(sites[s].name);
     for (size_t l = 0; l < importance[s].size(); ++l) {
       const std::vector<double>& imp = importance[s][l];

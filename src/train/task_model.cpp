@@ -193,7 +193,9 @@ std::vector<AttentionView> EncoderOnly::attention(const std::vector<int64_t>& in
 }
 
 std::unique_ptr<TaskModel> make_task_model(Architecture architecture, const nn::LanguageModelConfig& model,
-                                           int64_t num_encoder_layers, Generator& gen) {
+                                           int64_t num_encoder_layers, Generator& gen,
+                                           const std::vector<std::vector<int64_t>>& encoder_heads,
+                                           const std::vector<std::vector<int64_t>>& cross_heads) {
   if (architecture == Architecture::decoder)
     return std::make_unique<DecoderOnly>(std::make_unique<nn::LanguageModel>(model, gen));
   if (architecture == Architecture::encoder) {
@@ -202,7 +204,9 @@ std::unique_ptr<TaskModel> make_task_model(Architecture architecture, const nn::
     return std::make_unique<EncoderOnly>(std::make_unique<nn::LanguageModel>(encoder, gen));
   }
   return std::make_unique<EncoderDecoder>(std::make_unique<nn::EncoderDecoderModel>(
-      nn::EncoderDecoderConfig{.decoder = model, .num_encoder_layers = num_encoder_layers}, gen));
+      nn::EncoderDecoderConfig{.decoder = model, .num_encoder_layers = num_encoder_layers,
+                               .encoder_heads = encoder_heads, .cross_heads = cross_heads},
+      gen));
 }
 
 }  // namespace mha::train

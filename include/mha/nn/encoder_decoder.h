@@ -26,7 +26,14 @@ struct EncoderDecoderConfig {
   // heads, positions …), which the encoder shares but for its depth.
   LanguageModelConfig decoder;
   int64_t num_encoder_layers = 2;
+  // The encoder's and the decoder's cross-attention heads per layer, by id
+  // (TransformerStackConfig::heads); the decoder's self-attention heads are
+  // decoder.heads. Empty = nhead each.
+  std::vector<std::vector<int64_t>> encoder_heads, cross_heads;
 };
+
+// The attention sites of an encoder–decoder model.
+enum class Site { encoder, decoder, cross };
 
 class EncoderDecoderModel : public Module {
  public:
@@ -62,6 +69,9 @@ class EncoderDecoderModel : public Module {
   void begin_decode(const Tensor& src_ids, const Tensor& src_key_padding_mask = {});
   Tensor decode_step(const Tensor& tgt_ids);
   int64_t decoded_length() const { return decoder.decoded_length(); }
+
+  // Removes heads (by id) from layer i of one site; config() follows.
+  void prune_heads(Site site, int64_t layer, const std::vector<int64_t>& ids);
 
   // Built (and initialised) in this order.
   Embedding embedding;

@@ -50,6 +50,9 @@ struct LanguageModelConfig {
   // false: every position attends to every other (a bidirectional encoder
   // with a per-position head, as BERT; no KV-cache decoding).
   bool causal = true;
+  // The heads each layer keeps, by id in [0, nhead) (a count per layer, or
+  // what pruning left): TransformerStackConfig::heads. Empty = nhead each.
+  std::vector<std::vector<int64_t>> heads;
 };
 
 class LanguageModel : public Module {
@@ -79,6 +82,9 @@ class LanguageModel : public Module {
   void begin_decode() { transformer.begin_decode(); }
   Tensor decode_step(const Tensor& ids);
   int64_t decoded_length() const { return transformer.decoded_length(); }
+
+  // Removes heads (by id) from layer i's self-attention; config().heads follows.
+  void prune_heads(int64_t layer, const std::vector<int64_t>& ids);
 
   // Built (and initialised) in this order.
   Embedding embedding;

@@ -5,6 +5,12 @@
 //   head_h = attention(q_h, k_h, v_h)          (h = 0 … num_heads-1)
 //   output = concat(head_0 … head_{H-1}) Woᵀ + bo
 //
+// Each head has width hd = head_dim (embed_dim / num_heads unless set):
+// the heads together are I = H·hd wide, Wq, Wk, Wv are (I, ·) and Wo is
+// (D, I). Torch's module has I = D; pruning heads (prune_heads) or setting
+// head_dim makes them differ, and a module may have no heads at all (H = 0:
+// its output is bo, the same for every row).
+//
 // Shapes (D = embed_dim; N batch; L target and S source length):
 //   query (L, N, D), key (S, N, kdim), value (S, N, vdim); (N, L, D) … when
 //   batch_first; unbatched (L, D), (S, kdim), (S, vdim).
@@ -35,7 +41,8 @@ namespace mha::nn {
 
 struct MultiheadAttentionConfig {
   int64_t embed_dim = 0;
-  int64_t num_heads = 1;
+  int64_t num_heads = 1;  // 0: no heads (set head_dim)
+  int64_t head_dim = 0;   // 0 = embed_dim / num_heads
   double dropout = 0.0;
   bool bias = true;
   bool add_bias_kv = false;
@@ -99,7 +106,9 @@ class MultiheadAttention : public Module {
   MultiheadAttention(const MultiheadAttentionConfig& config, Generator& gen);
 
   const MultiheadAttentionConfig& config() const { return config_; }
-  int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
+  int64_t num_heads() const { return config_.num_heads; }
+  int64_t head_dim() const { return config_.head_dim; }
+  int64_t inner_dim() const { return config_.num_heads * config_.head_dim; }  // I
   bool packed_in_proj() const { return packed_; }
 
   // Torch's names: in_proj_weight or q/k/v_proj_weight, in_proj_bias, bias_k,
@@ -150,6 +159,14 @@ class MultiheadAttention : public Module {
   const Tensor& head_gates() const { return head_gate_; }
   const Tensor& head_gate_grad() const { return head_gate_grad_; }
   void zero_head_gate_grad();
+  // Removes the listed heads (indices into 0 … H − 1; repeats count once), as
+  // Hugging Face's prune_heads: their rows of Wq, Wk, Wv and of the in-bias
+  // (bias_k, bias_v) and their columns of Wo go, with the gradients and the
+  // gates of the remaining heads kept. The module then computes what it
+  // computed with those heads' gates at 0 (the same output, the same
+  // gradients of what remains). num_heads shrinks, head_dim stays; drops what
+  // the last forward saved.
+  void prune_heads(const std::vector<int64_t>& heads);
   // Cross-attention for decoding (inference): the keys and values of a
   // memory that stays the same while queries arrive step by step, projected
   // once. key (S, N, kdim) and value (S, N, vdim) as forward's (batch_first:
@@ -182,6 +199,8 @@ class MultiheadAttention : public Module {
   // Wq, Wk, Wv, Wo as the products' operands: the parameters, or under
   // bf16_mixed their bfloat16 copies (made afresh when `refresh`).
   std::vector<Tensor> product_weights(bool refresh);
+  MultiheadAttentionOutput forward_without_heads(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                 const MultiheadAttentionInputs& inputs, std::shared_ptr<Saved> saved);
   // Performer: the seed of the features for this forward (advancing the
   // draw counter when training; in eval, the last training draw's).
   uint64_t feature_seed();

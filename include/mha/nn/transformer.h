@@ -47,6 +47,11 @@ struct TransformerEncoderLayerConfig {
   // Self-attention's kind (attention_variant.h); cross-attention stays full.
   // Variants without weights get no attention dropout (the other dropouts stay).
   AttentionVariant attention;
+  // Fewer heads than nhead (pruned, or a count per layer): self-attention's
+  // and, in a decoder layer, cross-attention's head counts, each head still
+  // d_model / nhead wide; 0 = no heads (the block adds out_proj's bias).
+  // -1 = nhead.
+  int64_t self_heads = -1, cross_heads = -1;
 };
 
 // ReLU or GELU, chosen at construction.

@@ -33,7 +33,23 @@ struct TransformerStackConfig {
   Position position = Position::sinusoidal;  // relative and alibi act here
   int64_t num_buckets = 32;                  // relative
   int64_t max_distance = 128;                // relative
+  // The heads each layer keeps, by id (0 … layer.nhead − 1, ascending):
+  // heads[i] for layer i's self-attention, cross_heads[i] for a decoder
+  // layer's cross-attention; empty = every layer has all nhead. A head keeps
+  // its id when others are pruned: head h's plane of the position bias
+  // (relative, alibi) stays head h's. Every head is d_model / nhead wide.
+  std::vector<std::vector<int64_t>> heads, cross_heads;
 };
+
+// 0 … n − 1.
+std::vector<int64_t> all_heads(int64_t n);
+// Per-layer head lists as TransformerStackConfig::heads describes them (or none).
+void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int64_t num_layers, int64_t nhead,
+                      const char* name, const char* fn);
+// Prunes heads, by id, from one layer's attention and from its list (the
+// lists made explicit first when empty). Refuses ids the layer lacks.
+void prune_layer_heads(std::vector<std::vector<int64_t>>& lists, int64_t num_layers, int64_t nhead, int64_t layer,
+                       const std::vector<int64_t>& ids, MultiheadAttention& attention, const char* fn);
 
 // What both stacks share: the layers, the relative table and the final norm.
 template <class Layer>
@@ -49,6 +65,12 @@ class TransformerStack : public Module {
   // Each layer's self-attention weights (B, H, L, L) from the last forward
   // with need_weights (empty otherwise).
   const std::vector<Tensor>& attention_weights() const { return weights_; }
+  // The ids of layer i's self-attention heads (cross: a decoder layer's cross-attention's).
+  std::vector<int64_t> head_ids(int64_t layer, bool cross = false) const;
+  // Prunes heads (by id) from layer i's self- or cross-attention: the
+  // layer's MultiheadAttention::prune_heads and this config's lists.
+  void prune_heads(int64_t layer, const std::vector<int64_t>& ids, bool cross = false);
+
   // Positions decoded since begin_decode.
   int64_t decoded_length() const { return caches_.empty() ? 0 : caches_[0].length; }
 
@@ -64,6 +86,8 @@ class TransformerStack : public Module {
   // offset … offset + L − 1 against keys 0 … offset + L − 1; undefined for
   // the other position kinds.
   Tensor position_bias(int64_t L, int64_t offset);
+  // Layer i's planes of that bias (its heads' ids).
+  Tensor layer_bias(const Tensor& bias, size_t layer) const;
   bool bias_has_grad() const { return relative_attention_bias.has_value(); }
   // After the layers' backward: their bias gradients into the relative table.
   void position_bias_backward();

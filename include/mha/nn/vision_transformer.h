@@ -33,6 +33,8 @@ struct VisionTransformerConfig {
   // The layers' attention: full, axial (its width is set to the grid's), or
   // another variant of attention_variant.h over the N + 1 tokens.
   AttentionVariant attention;
+  // The heads each layer keeps, by id in [0, nhead) (TransformerStackConfig::heads); empty = nhead each.
+  std::vector<std::vector<int64_t>> heads;
 };
 
 class VisionTransformer : public Module {
@@ -51,6 +53,8 @@ class VisionTransformer : public Module {
   // each layer's (B, H, N+1, N+1) attention in attention_weights().
   Tensor forward(const Tensor& images, bool need_weights = false);
   void backward(const Tensor& dlogits);
+  // Removes heads (by id) from layer i; config().heads follows.
+  void prune_heads(int64_t layer, const std::vector<int64_t>& ids);
   const std::vector<Tensor>& attention_weights() const { return weights_; }
 
   Linear patch_embed;

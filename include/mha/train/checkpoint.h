@@ -36,6 +36,10 @@ struct Checkpoint {
   int64_t steps = 0;
   Architecture architecture = Architecture::decoder;
   int64_t num_encoder_layers = 0;  // encoder-decoder
+  // An encoder–decoder's encoder and cross-attention heads per layer, by id
+  // (nn::EncoderDecoderConfig); the other sites' are model.heads. Saving
+  // takes them, and model.heads, from the model itself.
+  std::vector<std::vector<int64_t>> encoder_heads, cross_heads;
 };
 
 // state: also write train_state.safetensors (with the model's generators).

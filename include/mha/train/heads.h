@@ -40,6 +40,7 @@ struct HeadStats {
 struct SiteReport {
   std::string name;
   std::vector<std::vector<HeadStats>> heads;  // [layer][head]
+  std::vector<std::vector<int64_t>> ids;      // [layer][head]: each head's id (pruning.h)
 };
 
 struct HeadReport {

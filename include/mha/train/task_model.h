@@ -155,6 +155,8 @@ class EncoderOnly : public TaskModelOf<nn::LanguageModel> {
 // for the encoder), or an EncoderDecoderModel whose decoder is `model` and
 // whose encoder has num_encoder_layers layers.
 std::unique_ptr<TaskModel> make_task_model(Architecture architecture, const nn::LanguageModelConfig& model,
-                                           int64_t num_encoder_layers, Generator& gen);
+                                           int64_t num_encoder_layers, Generator& gen,
+                                           const std::vector<std::vector<int64_t>>& encoder_heads = {},
+                                           const std::vector<std::vector<int64_t>>& cross_heads = {});
 
 }  // namespace mha::train
