@@ -2,12 +2,15 @@
 // own (the heads I = H·hd wide, not D), prune_heads against gates of 0, a
 // module without heads, head counts per layer, and what pruning refuses.
 #include <cmath>
+#include <filesystem>
 #include <tuple>
 
 #include "mha/nn/encoder_decoder.h"
 #include "mha/nn/language_model.h"
 #include "mha/nn/multihead_attention.h"
 #include "mha/nn/vision_transformer.h"
+#include "mha/train/checkpoint.h"
+#include "mha/train/pruning.h"
 #include "testing.h"
 
 using namespace mha;
@@ -335,4 +338,91 @@ TEST(PruneHeads, HeadsPerLayerFromTheStart) {
   }
   expect_error<ValueError>([&] { m.prune_heads(1, {0}); }, {"prune_heads", "ids", "head 0, which it does not have"});
   expect_error<ValueError>([&] { m.prune_heads(3, {0}); }, {"prune_heads", "layer", "[0, 3)"});
+}
+
+// A pruned model's checkpoint records each site's heads by id and loads back
+// into the same model (decoder-only with relative positions, encoder-decoder,
+// ViT); an unpruned model's config holds no lists, as before pruning existed.
+TEST(PruneHeads, CheckpointsRoundTrip) {
+  const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 5, .heldout = 8};
+  const train::TaskData data(task, 1);
+  const std::vector<train::Example> examples(data.heldout().begin(), data.heldout().begin() + 4);
+  LanguageModelConfig c{.vocab_size = train::kVocab, .d_model = 16, .nhead = 4, .num_layers = 2,
+                        .dim_feedforward = 16, .position = Position::relative};
+  for (train::Architecture arch : {train::Architecture::decoder, train::Architecture::encoder_decoder}) {
+    SCOPED_TRACE(train::to_string(arch));
+    Generator gen(2);
+    std::unique_ptr<train::TaskModel> model = train::make_task_model(arch, c, 2, gen);
+    const std::string dir = temp_dir();
+    const train::Checkpoint info{.model = c, .task = task, .seed = 1, .steps = 3, .architecture = arch,
+                                 .num_encoder_layers = arch == train::Architecture::encoder_decoder ? 2 : 0};
+    train::save_checkpoint(dir + "/full", *model, info);
+    EXPECT_EQ(read_bytes(dir + "/full/config.json").find("heads\""), std::string::npos);
+    const std::string site = arch == train::Architecture::decoder ? "self" : "cross";
+    train::prune_heads(*model, site, 1, {0, 2});
+    if (arch == train::Architecture::encoder_decoder) train::prune_heads(*model, "encoder", 0, {0, 1, 2, 3});
+    model->eval();
+    const Tensor want = model->forward(model->make_batch(examples));
+    train::save_checkpoint(dir + "/pruned", *model, info);
+    train::LoadedCheckpoint loaded = train::load_checkpoint(dir + "/pruned");
+    EXPECT_EQ(train::head_ids(*loaded.model, site), (train::HeadLists{{0, 1, 2, 3}, {1, 3}}));
+    if (arch == train::Architecture::encoder_decoder)
+      EXPECT_EQ(loaded.info.encoder_heads, (train::HeadLists{{}, {0, 1, 2, 3}}));
+    EXPECT_EQ(max_abs_diff(loaded.model->forward(loaded.model->make_batch(examples)), want), 0.0);
+    EXPECT_EQ(train::count_heads(*loaded.model), arch == train::Architecture::decoder ? 6 : 18);
+    std::filesystem::remove_all(dir);
+  }
+  Generator gen(3);
+  VisionTransformer vit({.d_model = 16, .nhead = 4, .num_layers = 2, .dim_feedforward = 16}, gen);
+  vit.prune_heads(0, {3});
+  vit.eval();
+  const Tensor images = random_tensor({2, 64}, 4, DType::float32);
+  const std::string dir = temp_dir();
+  train::save_vision_checkpoint(dir, vit, {.model = vit.config(), .seed = 1});
+  const train::LoadedVisionCheckpoint loaded = train::load_vision_checkpoint(dir);
+  EXPECT_EQ(loaded.model->config().heads, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {0, 1, 2, 3}}));
+  EXPECT_EQ(max_abs_diff(loaded.model->forward(images), vit.forward(images)), 0.0);
+  std::filesystem::remove_all(dir);
+}
+
+// Iterative pruning: the target reached in K rounds of round(P·i/K), the
+// least important head first (importance against head_report's), a random
+// draw reproducible from its seed; bad arguments refused.
+TEST(PruneHeads, IterativePruning) {
+  const train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 5, .heldout = 8}, 1);
+  const std::vector<train::Example> examples(data.heldout().begin(), data.heldout().end());
+  const LanguageModelConfig c{.vocab_size = train::kVocab, .d_model = 16, .nhead = 4, .num_layers = 2, .dim_feedforward = 16};
+  Generator gen(5);
+  auto model = train::make_task_model(train::Architecture::decoder, c, 0, gen);
+  const train::HeadReport report = train::head_report(*model, examples, 4);
+  double least = 1e9;
+  int64_t least_layer = -1, least_id = -1;
+  for (size_t l = 0; l < 2; ++l)
+    for (size_t h = 0; h < 4; ++h)
+      if (report.sites[0].heads[l][h].importance < least)
+        least = report.sites[0].heads[l][h].importance, least_layer = int64_t(l), least_id = int64_t(h);
+  const std::vector<train::PrunedHead> pruned = train::prune_model(*model, examples, {.heads = 5, .iterations = 3, .batch = 4});
+  ASSERT_EQ(pruned.size(), 5u);
+  EXPECT_EQ(pruned[0].layer, least_layer);
+  EXPECT_EQ(pruned[0].id, least_id);
+  EXPECT_NEAR(pruned[0].importance, least, 1e-12);
+  const std::vector<int64_t> rounds{pruned[0].iteration, pruned[1].iteration, pruned[2].iteration, pruned[3].iteration,
+                                    pruned[4].iteration};
+  EXPECT_EQ(rounds, (std::vector<int64_t>{1, 1, 2, 3, 3}));  // round(5·i/3) = 2, 3, 5
+  EXPECT_EQ(train::count_heads(*model), 3);
+  auto draw = [&](uint64_t seed) {
+    Generator g(5);
+    auto m = train::make_task_model(train::Architecture::decoder, c, 0, g);
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const train::PrunedHead& h : train::prune_model(*m, {}, {.heads = 4, .random = true, .seed = seed}))
+      out.push_back({h.layer, h.id});
+    return out;
+  };
+  EXPECT_EQ(draw(7), draw(7));
+  EXPECT_NE(draw(7), draw(8));
+  expect_error<ValueError>([&] { train::prune_model(*model, examples, {.heads = 4}); },
+                           {"prune_model", "heads", "[0, 3]", "4"});
+  expect_error<ValueError>([&] { train::prune_model(*model, examples, {.heads = 1, .iterations = 0}); },
+                           {"iterations", ">= 1"});
+  expect_error<ValueError>([&] { train::prune_heads(*model, "cross", 0, {0}); }, {"prune_heads", "site", "self"});
 }

@@ -157,6 +157,25 @@ TEST(VizHtml, EscapesTokensAndTitle) {
   EXPECT_EQ(data["query_tokens"][0], "\xef\xbf\xbd");
 }
 
+// Which heads a layer has and each head's importance travel with the page;
+// notes of the wrong shape are refused.
+TEST(VizHtml, EmbedsHeadNotes) {
+  const HeadNotes notes{.present = {{0, 1}, {0}}, .importance = {{0.25, 0.75}, {0.5, NAN}}};
+  const nlohmann::json data = embedded_data(attention_html(small_weights(), kQueries, kKeys, "t", notes));
+  EXPECT_EQ(data["present"], nlohmann::json::parse("[[0, 1], [0]]"));
+  EXPECT_EQ(data["importance"], nlohmann::json::parse("[[0.25, 0.75], [0.5, null]]"));
+  EXPECT_TRUE(embedded_data(attention_html(small_weights(), kQueries, kKeys))["importance"].is_null());
+  mha::testing::expect_error<ShapeError>(
+      [&] { attention_html(small_weights(), kQueries, kKeys, "t", {.importance = {{0.1, 0.2}}}); },
+      {"attention_html", "notes.importance", "one entry per layer (2)"});
+  mha::testing::expect_error<ShapeError>(
+      [&] { attention_html(small_weights(), kQueries, kKeys, "t", {.importance = {{0.1}, {0.2}}}); },
+      {"notes.importance", "one value per head (2)"});
+  mha::testing::expect_error<ShapeError>(
+      [&] { attention_html(small_weights(), kQueries, kKeys, "t", {.present = {{0}, {2}}}); },
+      {"notes.present", "head ids in [0, 2)", "2"});
+}
+
 TEST(VizHtml, LoadsNothingFromElsewhere) {
   const std::string page = attention_html(small_weights(), kQueries, kKeys);
   for (const char* outside : {"http:", "https:", "\"//", "'//", "url(", "@import", "<link", "<iframe", "<img", "fetch(",
@@ -279,6 +298,27 @@ TEST(VizBrowser, DrawsTheMeanOfTheHeads) {
   EXPECT_NE(hover["text"].get<std::string>().find("0.5500"), std::string::npos) << hover["text"];
   const std::vector<uint8_t> pixel = hover["pixel"];
   EXPECT_TRUE(near(pixel.data(), 0.55)) << hover["pixel"];
+  std::filesystem::remove_all(dir);
+}
+
+// A pruned head: grey, "pruned" beside the selector, left out of its layer's
+// mean; the importance of the others beside the selector.
+TEST(VizBrowser, ShowsImportanceAndPrunedHeads) {
+  const std::string dir = mha::testing::temp_dir("mha_viz_browser_");
+  std::vector<Tensor> weights = small_weights();
+  weights[1].select(0, 1).fill_(NAN);  // layer 1, head 1 pruned
+  const HeadNotes notes{.present = {{0, 1}, {0}}, .importance = {{0.25, 0.75}, {0.5, NAN}}};
+  const std::string page = attention_html(weights, kQueries, kKeys, "t", notes);
+  nlohmann::json s = render(dir, page, "layer=0&head=1").status;
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["errors"], nlohmann::json::array());
+  EXPECT_EQ(s["importance"], "importance 0.750");
+  s = render(dir, page, "layer=1&head=1").status;
+  EXPECT_EQ(s["importance"], "pruned");
+  s = render(dir, page, "layer=1&head=mean&hover=1,2").status;
+  EXPECT_TRUE(s["importance"].is_null());
+  ASSERT_TRUE(s["hover"].is_object()) << s.dump();
+  EXPECT_NEAR(s["hover"]["weight"].get<double>(), 0.5, 1e-12);  // head 0 alone: (1 + 0 + 1 + 2 + 1) / 10
   std::filesystem::remove_all(dir);
 }
 #else

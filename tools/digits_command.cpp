@@ -21,18 +21,19 @@ int run_train_digits(TrainCommand& cmd) {
   Generator gen(cmd.train.seed);
   nn::AttentionVariant attention = cmd.model.attention;
   attention.kind = nn::parse_attention_kind(cmd.attention);
-  nn::VisionTransformer model({.patch = cmd.patch, .d_model = cmd.model.d_model, .nhead = cmd.model.nhead,
+  const HeadCounts heads = parse_heads(cmd.heads, cmd.model.num_layers);
+  nn::VisionTransformer model({.patch = cmd.patch, .d_model = cmd.model.d_model, .nhead = heads.nhead,
                                .num_layers = cmd.model.num_layers, .dim_feedforward = cmd.model.dim_feedforward,
                                .dropout = cmd.model.dropout, .activation = cmd.model.activation,
-                               .attention = attention},
+                               .attention = attention, .heads = heads.lists},
                               gen);
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model.named_parameters()) parameters += p.value->numel();
   std::printf("mha train: task digits, %lld training and %lld held-out images; ViT patch %lld (%lld tokens), "
-              "d_model %lld, %lld heads, %lld layers, %s attention%s, %lld parameters\n",
+              "d_model %lld, %s, %lld layers, %s attention%s, %lld parameters\n",
               (long long)data.train.size(), (long long)data.heldout.size(), (long long)cmd.patch,
               (long long)(model.grid() * model.grid() + (model.pooled() ? 0 : 1)), (long long)cmd.model.d_model,
-              (long long)cmd.model.nhead, (long long)cmd.model.num_layers,
+              describe_heads(heads.nhead, heads.lists).c_str(), (long long)cmd.model.num_layers,
               nn::describe(model.config().attention).c_str(), model.pooled() ? ", mean-pooled" : "",
               (long long)parameters);
   ProgressReport report;

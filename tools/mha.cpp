@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--axial-width", attention.axial_width, "axial: positions per row (images: the patch grid's)")
       ->capture_default_str();
   train_cmd->add_option("--d-model", train.model.d_model, "Model dimension")->capture_default_str();
-  train_cmd->add_option("--heads", train.model.nhead, "Attention heads")->capture_default_str();
+  train_cmd->add_option("--heads", train.heads,
+                        "Attention heads: one count for every layer, or one per layer (8,4,2: each head d_model / 8 "
+                        "wide, the largest count)")
+      ->capture_default_str();
   train_cmd->add_option("--arch", train.architecture,
                          "Architecture: decoder (decoder-only, on BOS input SEP output EOS), encoder-decoder "
                          "(the input is the source, the output the target) or encoder (bidirectional: BOS input SEP "
@@ -123,8 +126,29 @@ int main(int argc, char** argv) {
       "heads", "Each head's importance (gradient of a gate on its output), entropy, confidence and positional label");
   heads_cmd->add_option("--checkpoint", heads_checkpoint, "A folder written by `mha train --out`")->required();
   heads_cmd->add_option("--out", heads_out, "Also draw the importances (layers x heads) into this .png file");
+  std::string heads_html;
+  heads_cmd->add_option("--html", heads_html,
+                        "Also write the attention page of one held-out example with each head's importance (.html)");
   heads_cmd->add_option("--examples", heads_examples, "Held-out examples to score over")->capture_default_str();
   heads_cmd->add_option("--batch", heads_batch, "Examples per backward pass")->capture_default_str();
+
+  mha::tools::PruneCommand prune;
+  CLI::App* prune_cmd = app.add_subcommand(
+      "prune", "Remove heads (by importance, iteratively, or at random), optionally fine-tune, and compare held-out "
+               "exact match and forward time before and after");
+  prune_cmd->add_option("--checkpoint", prune.checkpoint, "A folder written by `mha train --out`")->required();
+  prune_cmd->add_option("--out", prune.out, "Folder for the pruned checkpoint and prune.json")->required();
+  prune_cmd->add_option("--fraction", prune.fraction, "Share of the model's heads to prune, in [0, 1)");
+  prune_cmd->add_option("--heads", prune.heads, "Number of heads to prune (instead of --fraction)");
+  prune_cmd->add_option("--by", prune.by, "importance (Michel et al.'s gate gradients) or random")->capture_default_str();
+  prune_cmd->add_option("--iterations", prune.iterations, "Prune in this many rounds, re-scoring between them")
+      ->capture_default_str();
+  prune_cmd->add_option("--finetune-steps", prune.finetune_steps, "Training steps after pruning")->capture_default_str();
+  prune_cmd->add_option("--examples", prune.examples, "Training examples to score the heads on")->capture_default_str();
+  prune_cmd->add_option("--batch", prune.batch, "Fine-tuning batch")->capture_default_str();
+  prune_cmd->add_option("--lr", prune.lr, "Fine-tuning learning rate")->capture_default_str();
+  prune_cmd->add_option("--seed", prune.seed, "Seed of the scoring examples, the random draw and fine-tuning")
+      ->capture_default_str();
 
   mha::train::LoadOptions load;
   for (CLI::App* cmd : {eval_cmd, viz_cmd, gen_cmd, heads_cmd})
@@ -167,7 +191,8 @@ int main(int argc, char** argv) {
     if (eval_cmd->parsed()) return mha::tools::run_eval(checkpoint, eval_min_length, eval_max_length, load);
     if (viz_cmd->parsed()) return mha::tools::run_viz(viz_checkpoint, viz_input, viz_out, load);
     if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new, load);
-    if (heads_cmd->parsed()) return mha::tools::run_heads(heads_checkpoint, heads_out, heads_examples, heads_batch, load);
+    if (heads_cmd->parsed()) return mha::tools::run_heads(heads_checkpoint, heads_out, heads_examples, heads_batch, load, heads_html);
+    if (prune_cmd->parsed()) return mha::tools::run_prune(prune);
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

@@ -15,6 +15,7 @@
 
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
+#include "mha/train/pruning.h"
 #include "mha/errors.h"
 #include "mha/memory.h"
 #include "mha/nn/init.h"
@@ -37,16 +38,49 @@ train::LoadedCheckpoint load(const std::string& dir, const train::LoadOptions& o
 
 }  // namespace
 
+HeadCounts parse_heads(const std::string& text, int64_t layers) {
+  const std::string what = "[mha train] --heads: expected one count for every layer or one per layer (" +
+                           std::to_string(layers) + "), e.g. 4 or 8,4,2, counts >= 0 and one of them >= 1; got '" +
+                           text + "'";
+  std::vector<int64_t> counts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) {
+    size_t used = 0;
+    int64_t n = -1;
+    try {
+      n = std::stoll(part, &used);
+    } catch (const std::exception&) {
+    }
+    if (part.empty() || used != part.size() || n < 0) throw ValueError(what);
+    counts.push_back(n);
+  }
+  if (counts.empty() || (counts.size() != 1 && int64_t(counts.size()) != layers)) throw ValueError(what);
+  HeadCounts h{*std::max_element(counts.begin(), counts.end()), {}};
+  if (h.nhead < 1) throw ValueError(what);
+  if (counts.size() > 1 || counts[0] != h.nhead)
+    for (int64_t n : counts) h.lists.push_back(nn::all_heads(n));
+  return h;
+}
+
+std::string describe_heads(int64_t nhead, const std::vector<std::vector<int64_t>>& lists) {
+  if (lists.empty()) return std::to_string(nhead) + " heads";
+  std::string s = "heads ";
+  for (size_t l = 0; l < lists.size(); ++l) s += (l ? "," : "") + std::to_string(lists[l].size());
+  return s + " per layer";
+}
+
 int run_train(TrainCommand& cmd) {
   std::unique_ptr<train::TaskModel> model;
   train::Architecture architecture = train::Architecture::decoder;
   train::TrainState state;
   std::string earlier_metrics;
+  std::vector<std::vector<int64_t>> encoder_heads, cross_heads;  // an encoder-decoder's
   if (!cmd.resume.empty()) {
     train::LoadedCheckpoint loaded = load(cmd.resume, {}, true);
     cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, cmd.train.seed = loaded.info.seed;
     cmd.task = train::to_string(cmd.task_config.task);
     architecture = loaded.info.architecture, cmd.encoder_layers = loaded.info.num_encoder_layers;
+    encoder_heads = loaded.info.encoder_heads, cross_heads = loaded.info.cross_heads;
     model = std::move(loaded.model);
     state = *loaded.state;
     std::ifstream metrics_file(cmd.resume + "/metrics.csv");
@@ -63,8 +97,17 @@ int run_train(TrainCommand& cmd) {
     architecture = train::parse_architecture(cmd.architecture);
     if (architecture != train::Architecture::encoder_decoder) cmd.encoder_layers = 0;
     else if (cmd.encoder_layers <= 0) cmd.encoder_layers = cmd.model.num_layers;
+    const HeadCounts heads = parse_heads(cmd.heads, cmd.model.num_layers);
+    cmd.model.nhead = heads.nhead, cmd.model.heads = heads.lists;
+    if (architecture == train::Architecture::encoder_decoder && !heads.lists.empty()) {
+      if (cmd.encoder_layers != cmd.model.num_layers)
+        throw ValueError("[mha train] --heads: expected as many encoder as decoder layers for one count per layer "
+                         "of an encoder-decoder; got " + std::to_string(cmd.encoder_layers) + " and " +
+                         std::to_string(cmd.model.num_layers));
+      encoder_heads = cross_heads = heads.lists;
+    }
     Generator gen(cmd.train.seed);
-    model = train::make_task_model(architecture, cmd.model, cmd.encoder_layers, gen);
+    model = train::make_task_model(architecture, cmd.model, cmd.encoder_layers, gen, encoder_heads, cross_heads);
     nn::initialize(*model, nn::parse_init(cmd.init), gen);
   }
   const train::TaskData data(cmd.task_config, cmd.train.seed);
@@ -83,9 +126,10 @@ int run_train(TrainCommand& cmd) {
           ? "encoder-decoder, " + std::to_string(cmd.encoder_layers) + " encoder and " +
                 std::to_string(cmd.model.num_layers) + " decoder layers"
           : train::to_string(architecture) + ", " + std::to_string(cmd.model.num_layers) + " layers";
-  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %lld heads, %s, %s attention, "
+  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %s, %s, %s attention, "
               "%s positions, %s, %lld parameters, %s precision%s\n",
-              cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model, (long long)cmd.model.nhead,
+              cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model,
+              describe_heads(cmd.model.nhead, cmd.model.heads).c_str(),
               layers.c_str(), nn::describe(cmd.model.attention).c_str(), nn::to_string(cmd.model.position).c_str(),
               cmd.model.norm_first ? "Pre-LN" : "Post-LN", (long long)parameters,
               nn::to_string(cmd.model.precision).c_str(), cmd.model.checkpoint_activations ? ", activation checkpointing" : "");
@@ -142,44 +186,51 @@ int run_eval(const std::string& checkpoint, int64_t min_length, int64_t max_leng
   return 0;
 }
 
-int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out,
-            const train::LoadOptions& options) {
+std::string attention_file_kind(const std::string& out, const char* command) {
   std::string extension = std::filesystem::path(out).extension().string();
   std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  const bool html = extension == ".html" || extension == ".htm";
-  if (!html && extension != ".png")
-    throw mha::ValueError("[mha viz] --out: expected a file name ending in .png or .html; got '" + out + "'");
-  train::LoadedCheckpoint loaded = load(checkpoint, options);
-  const std::vector<int64_t> tokens = train::parse_tokens(input, "mha viz");
-  const std::vector<int64_t> output = train::answer(loaded, tokens, 2 * int64_t(tokens.size()) + 2, "mha viz");
+  if (extension == ".htm") extension = ".html";
+  if (extension != ".html" && extension != ".png")
+    throw mha::ValueError(std::string("[") + command + "] --out: expected a file name ending in .png or .html; got '" +
+                          out + "'");
+  return extension;
+}
+
+std::vector<std::string> draw_attention(train::LoadedCheckpoint& loaded, const std::vector<int64_t>& tokens,
+                                        const std::vector<int64_t>& output, const std::string& out,
+                                        const std::string& title, const SiteScores& importance, const char* command) {
+  const bool html = attention_file_kind(out, command) == ".html";
   const std::vector<train::AttentionView> views = loaded.model->attention(tokens, output);
   if (views.empty())
-    throw ValueError("[mha viz] checkpoint: expected a model with full or window attention (the others form no "
-                     "weights to draw); got " + nn::to_string(loaded.info.model.attention.kind) + " attention");
+    throw ValueError(std::string("[") + command + "] checkpoint: expected a model with full or window attention (the "
+                     "others form no weights to draw); got " + nn::to_string(loaded.info.model.attention.kind) +
+                     " attention");
   const auto labels = [](const std::vector<int64_t>& ids) {
     std::vector<std::string> names;
     for (int64_t t : ids) names.push_back(train::format_tokens({t}));
     return names;
   };
-  const std::string in_text = train::format_tokens(tokens), out_text = train::format_tokens(output);
-  const std::string title = "Attention of the " + train::to_string(loaded.info.task.task) + " model in " + checkpoint +
-                            ": " + in_text + " → " + out_text;
   std::vector<std::string> written;
   std::vector<viz::Image> pictures;
   std::vector<std::string> titles;
   for (const train::AttentionView& view : views) {
     const std::vector<std::string> queries = labels(view.queries), keys = labels(view.keys);
+    // Panels by head id: a pruned head's stays, grey.
+    const train::HeadLists ids = train::head_ids(*loaded.model, view.short_name);
+    const std::vector<Tensor> weights = train::weights_by_id(view.weights, ids, loaded.info.model.nhead);
     if (html) {
       // One page per attention: PATH itself, or PATH with "-encoder", "-decoder", "-cross" before its extension.
       const std::filesystem::path path(out);
       const std::string page = views.size() == 1 ? out
                                : (path.parent_path() / (path.stem().string() + "-" + view.short_name +
                                                         path.extension().string())).string();
-      viz::save_attention_html(page, view.weights, queries, keys,
-                               views.size() == 1 ? title : title + " (" + view.name + ")");
+      const auto found = importance.find(view.short_name);
+      viz::save_attention_html(page, weights, queries, keys, views.size() == 1 ? title : title + " (" + view.name + ")",
+                               {.present = ids, .importance = found == importance.end() ? std::vector<std::vector<double>>{}
+                                                                                        : found->second});
       written.push_back(page);
     } else {
-      pictures.push_back(viz::attention_grid(view.weights, queries, keys));
+      pictures.push_back(viz::attention_grid(weights, queries, keys));
       titles.push_back(view.name);
     }
   }
@@ -187,14 +238,27 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
     viz::save_png(out, pictures.size() == 1 ? pictures[0] : viz::stack_pictures(pictures, titles));
     written.push_back(out);
   }
+  return written;
+}
+
+int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out,
+            const train::LoadOptions& options) {
+  attention_file_kind(out, "mha viz");
+  train::LoadedCheckpoint loaded = load(checkpoint, options);
+  const std::vector<int64_t> tokens = train::parse_tokens(input, "mha viz");
+  const std::vector<int64_t> output = train::answer(loaded, tokens, 2 * int64_t(tokens.size()) + 2, "mha viz");
+  const std::string in_text = train::format_tokens(tokens), out_text = train::format_tokens(output);
+  const std::string title = "Attention of the " + train::to_string(loaded.info.task.task) + " model in " + checkpoint +
+                            ": " + in_text + " → " + out_text;
+  const std::vector<std::string> written = draw_attention(loaded, tokens, output, out, title, {}, "mha viz");
   std::string files;
   for (const std::string& f : written) files += (files.empty() ? "" : ", ") + f;
   std::string kinds;
-  for (const train::AttentionView& view : views)
+  for (const train::AttentionView& view : loaded.model->attention(tokens, output))
     kinds += (kinds.empty() ? "" : ", ") + view.name + " of " + std::to_string(view.weights.size()) +
              (view.weights.size() == 1 ? " layer" : " layers");
   std::printf("input  %s\noutput %s\nwrote %s: %s × %lld heads (rows: queries, columns: keys)\n", in_text.c_str(),
-              out_text.c_str(), files.c_str(), kinds.c_str(), (long long)views[0].weights[0].size(0));
+              out_text.c_str(), files.c_str(), kinds.c_str(), (long long)loaded.info.model.nhead);
   return 0;
 }
 

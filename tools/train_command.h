@@ -5,7 +5,10 @@
 // --resume DIR it continues DIR's run exactly, up to --steps in all.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "mha/train/checkpoint.h"
 #include "mha/train/trainer.h"
@@ -19,6 +22,10 @@ struct TrainCommand {
   std::string architecture = "decoder";  // or "encoder-decoder", "encoder"
   std::string attention = "full";        // model.attention.kind by name
   int64_t encoder_layers = 0;            // encoder-decoder; 0: as many as model.num_layers
+  // --heads: one count for every layer ("4"), or one per layer ("8,4,2": each
+  // head d_model / 8 wide, the largest count; an encoder-decoder's encoder,
+  // decoder and cross-attention layers all take the list).
+  std::string heads = "4";
   train::TaskConfig task_config;
   nn::LanguageModelConfig model;
   train::TrainConfig train;
@@ -32,6 +39,16 @@ struct TrainCommand {
 };
 
 int run_train(TrainCommand& command);
+
+// --heads parsed: nhead (the largest count) and the per-layer lists of ids
+// (empty for one count), for `layers` layers.
+struct HeadCounts {
+  int64_t nhead = 0;
+  std::vector<std::vector<int64_t>> lists;
+};
+HeadCounts parse_heads(const std::string& text, int64_t layers);
+// "4 heads", or "heads 8,4,2 per layer".
+std::string describe_heads(int64_t nhead, const std::vector<std::vector<int64_t>>& lists);
 // `mha train --task digits`: a Vision Transformer classifying 8×8 digit images.
 int run_train_digits(TrainCommand& command);
 // `mha eval --checkpoint DIR`: reloads a checkpoint and prints its held-out exact match.
@@ -47,6 +64,17 @@ int run_eval(const std::string& checkpoint, int64_t min_length = 0, int64_t max_
 // -decoder and -cross before its extension.
 int run_viz(const std::string& checkpoint, const std::string& input, const std::string& out,
             const train::LoadOptions& load = {});
+// What run_viz draws, for `mha viz` and `mha heads --html`: every attention
+// view of input → output into `out` (.png, or .html: one page per view of an
+// encoder-decoder), each layer's panels by head id (pruned ones grey), with
+// each head's importance per site (attention_sites' names) on the pages.
+// Returns the files written. attention_file_kind: ".png" or ".html" from
+// out's extension (ValueError naming `command` otherwise).
+using SiteScores = std::map<std::string, std::vector<std::vector<double>>>;
+std::vector<std::string> draw_attention(train::LoadedCheckpoint& loaded, const std::vector<int64_t>& tokens,
+                                        const std::vector<int64_t>& output, const std::string& out,
+                                        const std::string& title, const SiteScores& importance, const char* command);
+std::string attention_file_kind(const std::string& out, const char* command);
 // `mha generate --checkpoint DIR --input "3 1 4"`: greedy decoding with a KV
 // cache; prints the generated tokens (max_new ≤ 0: 2 · input length + 2).
 int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new,
@@ -56,6 +84,21 @@ int run_generate(const std::string& checkpoint, const std::string& input, int64_
 // (Michel et al.'s gate gradients), entropy, confidence and positional label
 // over up to `examples` held-out examples, in batches of `batch`.
 int run_heads(const std::string& checkpoint, const std::string& out, int64_t examples, int64_t batch,
-              const train::LoadOptions& load = {});
+              const train::LoadOptions& load = {}, const std::string& html = "");
+
+// `mha prune --checkpoint DIR (--fraction F | --heads N) --out DIR2`.
+struct PruneCommand {
+  std::string checkpoint, out;
+  std::optional<double> fraction;  // of the model's heads, in [0, 1)
+  std::optional<int64_t> heads;    // or a count
+  std::string by = "importance";  // or random
+  int64_t iterations = 1;      // Michel et al.'s iterative pruning: prune a share, re-score, repeat
+  int64_t finetune_steps = 0;  // then train this many steps
+  int64_t examples = 256;      // training examples the importance is scored on
+  int64_t batch = 32;          // fine-tuning batch
+  double lr = 1e-3;            // fine-tuning learning rate (cosine to lr / 10, no warm-up)
+  uint64_t seed = 0;           // the scoring examples, the random draw, fine-tuning's batches
+};
+int run_prune(const PruneCommand& command);
 
 }  // namespace mha::tools

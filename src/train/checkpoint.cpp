@@ -356,11 +356,12 @@ namespace {
 
 json vision_config_json(const VisionCheckpoint& info, const std::string& save_id) {
   const nn::VisionTransformerConfig& m = info.model;
-  const json model = {{"architecture", "vision"}, {"image_side", m.image_side}, {"patch", m.patch},
-                      {"classes", m.classes}, {"d_model", m.d_model}, {"nhead", m.nhead},
-                      {"num_layers", m.num_layers}, {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
-                      {"activation", activation_name(m.activation)},
-                      {"dtype", to_string(m.dtype)}, {"attention", attention_json(m.attention)}};
+  json model = {{"architecture", "vision"}, {"image_side", m.image_side}, {"patch", m.patch},
+                {"classes", m.classes}, {"d_model", m.d_model}, {"nhead", m.nhead},
+                {"num_layers", m.num_layers}, {"dim_feedforward", m.dim_feedforward}, {"dropout", m.dropout},
+                {"activation", activation_name(m.activation)},
+                {"dtype", to_string(m.dtype)}, {"attention", attention_json(m.attention)}};
+  if (!m.heads.empty()) model["heads"] = m.heads;
   return {{"format", "mha-checkpoint"}, {"version", 1},   {"save_id", save_id},
           {"model", model},             {"seed", info.seed}, {"steps", info.steps},
           {"heldout_accuracy", info.heldout_accuracy}};
@@ -381,6 +382,7 @@ VisionCheckpoint parse_vision_config(const json& c, const std::string& path) {
     v.activation = parse_activation(m, path);
     v.dtype = parse_dtype(m, path);
     v.attention = parse_attention(m.at("attention"), path);
+    v.heads = m.value("heads", v.heads);
     info.seed = c.at("seed").get<uint64_t>();
     info.steps = c.at("steps").get<int64_t>();
     info.heldout_accuracy = c.value("heldout_accuracy", 0.0);
@@ -392,9 +394,11 @@ VisionCheckpoint parse_vision_config(const json& c, const std::string& path) {
 
 }  // namespace
 
-void save_vision_checkpoint(const std::string& dir, nn::VisionTransformer& model, const VisionCheckpoint& info) {
+void save_vision_checkpoint(const std::string& dir, nn::VisionTransformer& model, const VisionCheckpoint& in) {
   std::filesystem::create_directories(dir);
-  const std::string save_id = new_save_id(info.steps);
+  const std::string save_id = new_save_id(in.steps);
+  VisionCheckpoint info = in;
+  info.model.heads = model.config().heads;  // the model's own lists (pruned or not)
   io::NamedTensors tensors;
   for (const nn::NamedParameter& p : model.named_parameters()) tensors.push_back({p.name, *p.value});
   io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "mha-vit"}, {"save_id", save_id}});

@@ -80,6 +80,21 @@ int64_t count_heads(TaskModel& model) {
   return n;
 }
 
+std::vector<Tensor> weights_by_id(const std::vector<Tensor>& weights, const HeadLists& ids, int64_t nhead) {
+  std::vector<Tensor> out;
+  for (size_t l = 0; l < weights.size(); ++l) {
+    const Tensor& w = weights[l];
+    if (l >= ids.size() || int64_t(ids[l].size()) == nhead || w.dim() != 3) {
+      out.push_back(w);
+      continue;
+    }
+    Tensor full = Tensor::full({nhead, w.size(1), w.size(2)}, NAN, w.dtype());
+    for (size_t j = 0; j < ids[l].size(); ++j) full.select(0, ids[l][j]).copy_(w.select(0, int64_t(j)));
+    out.push_back(full);
+  }
+  return out;
+}
+
 std::vector<PrunedHead> prune_model(TaskModel& model, const std::vector<Example>& examples, const PruneConfig& c) {
   const char* fn = "mha::train::prune_model";
   const int64_t total = count_heads(model);

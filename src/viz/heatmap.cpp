@@ -85,7 +85,9 @@ Image draw_grid(const std::vector<Tensor>& weights, const std::vector<std::strin
         draw_text(img, x0 - int64_t(query_tokens[size_t(i)].size()) * kChar - 3, y0 + i * kCell + 2,
                   query_tokens[size_t(i)]);
         for (int64_t j = 0; j < S; ++j) {
-          colour_of(w[size_t((h * L + i) * S + j)], c);
+          const double v = w[size_t((h * L + i) * S + j)];
+          if (std::isfinite(v)) colour_of(v, c);
+          else c[0] = c[1] = c[2] = 160;  // no value (a pruned head): grey, as on the HTML page
           for (int64_t dy = 0; dy < kCell - 1; ++dy)
             for (int64_t dx = 0; dx < kCell - 1; ++dx) img.set(x0 + j * kCell + dx, y0 + i * kCell + dy, c[0], c[1], c[2]);
         }

@@ -71,7 +71,8 @@ std::string fill(std::string_view page, const std::map<std::string, std::string>
 }  // namespace
 
 std::string attention_html(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
-                           const std::vector<std::string>& key_tokens, const std::string& title) {
+                           const std::vector<std::string>& key_tokens, const std::string& title,
+                           const HeadNotes& notes) {
   const int64_t L = int64_t(query_tokens.size()), S = int64_t(key_tokens.size());
   const char* fn = "mha::viz::attention_html";
   if (L < 1) raise<ShapeError>(fn, "query_tokens", "at least one token", "none");
@@ -96,18 +97,39 @@ std::string attention_html(const std::vector<Tensor>& weights, const std::vector
     }
     layers.push_back(std::move(head_list));
   }
+  for (const auto& [name, size] : {std::pair{"notes.present", notes.present.size()}, {"notes.importance", notes.importance.size()}})
+    if (size != 0 && size != weights.size())
+      raise<ShapeError>(fn, name, "one entry per layer (" + std::to_string(weights.size()) + ") or none", std::to_string(size));
+  nlohmann::json importance = nullptr;
+  if (!notes.importance.empty()) {
+    importance = nlohmann::json::array();
+    for (const std::vector<double>& layer : notes.importance) {
+      if (int64_t(layer.size()) != heads)
+        raise<ShapeError>(fn, "notes.importance", "one value per head (" + std::to_string(heads) + ")",
+                          std::to_string(layer.size()));
+      nlohmann::json row = nlohmann::json::array();
+      for (double v : layer) row.push_back(std::isfinite(v) ? nlohmann::json(std::round(v * kScale) / kScale) : nullptr);
+      importance.push_back(std::move(row));
+    }
+  }
+  for (const std::vector<int64_t>& ids : notes.present)
+    for (int64_t id : ids)
+      if (id < 0 || id >= heads)
+        raise<ShapeError>(fn, "notes.present", "head ids in [0, " + std::to_string(heads) + ")", std::to_string(id));
   const nlohmann::json data = {{"title", title},
                                {"query_tokens", query_tokens},
                                {"key_tokens", key_tokens},
                                {"colours", kColourAnchors},
-                               {"weights", std::move(layers)}};
+                               {"weights", std::move(layers)},
+                               {"present", notes.present.empty() ? nlohmann::json(nullptr) : nlohmann::json(notes.present)},
+                               {"importance", std::move(importance)}};
   return fill(kAttentionPage, {{"title", html_escape(title)}, {"data", script_safe_json(data)}});
 }
 
 void save_attention_html(const std::string& path, const std::vector<Tensor>& weights,
                          const std::vector<std::string>& query_tokens, const std::vector<std::string>& key_tokens,
-                         const std::string& title) {
-  io::write_file_atomically(path, attention_html(weights, query_tokens, key_tokens, title));
+                         const std::string& title, const HeadNotes& notes) {
+  io::write_file_atomically(path, attention_html(weights, query_tokens, key_tokens, title, notes));
 }
 
 }  // namespace mha::viz

@@ -29,6 +29,9 @@ void prune_heads(TaskModel& model, const std::string& site, int64_t layer, const
 void record_heads(TaskModel& model, Checkpoint& info);
 // Every head of the model, counted over its sites and layers.
 int64_t count_heads(TaskModel& model);
+// Per-layer weights (H_l, L, S) of the heads `ids` as (nhead, L, S) by id,
+// the missing (pruned) heads' planes NaN: for pictures whose panels are ids.
+std::vector<Tensor> weights_by_id(const std::vector<Tensor>& weights, const HeadLists& ids, int64_t nhead);
 
 struct PruneConfig {
   int64_t heads = 0;       // how many heads to prune in all (at most all of them)

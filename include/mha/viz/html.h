@@ -27,12 +27,21 @@ namespace mha::viz {
 // labels; key_tokens: S labels (for self-attention, the same list twice).
 // Labels and title are UTF-8 and may hold any characters: they are escaped.
 // ShapeError when the shapes and the token counts disagree.
+// What the page can say of each head beyond its weights: which heads each
+// layer has (ids; the others' panels are pruned, grey, and left out of the
+// mean) and each head's importance (shown beside the head selector and under
+// its thumbnail; NaN = none). Empty: every head there, no importance.
+struct HeadNotes {
+  std::vector<std::vector<int64_t>> present;    // [layer] → head ids
+  std::vector<std::vector<double>> importance;  // [layer][head]
+};
 std::string attention_html(const std::vector<Tensor>& weights, const std::vector<std::string>& query_tokens,
-                           const std::vector<std::string>& key_tokens, const std::string& title = "Attention");
+                           const std::vector<std::string>& key_tokens, const std::string& title = "Attention",
+                           const HeadNotes& notes = {});
 
 // attention_html written to `path` atomically (temporary file, fsync, rename).
 void save_attention_html(const std::string& path, const std::vector<Tensor>& weights,
                          const std::vector<std::string>& query_tokens, const std::vector<std::string>& key_tokens,
-                         const std::string& title = "Attention");
+                         const std::string& title = "Attention", const HeadNotes& notes = {});
 
 }  // namespace mha::viz

@@ -36,7 +36,8 @@ Image attention_grid(const std::vector<Tensor>& weights, const std::vector<std::
                      const std::vector<std::string>& key_tokens);
 
 // One panel of values in [0, 1] (rows × columns, e.g. a layers × heads table
-// of importances) with its row and column labels and the colour scale.
+// of importances) with its row and column labels and the colour scale; NaN
+// cells (no value: a pruned head) are grey. attention_grid draws NaN grey too.
 Image value_grid(const Tensor& values, const std::vector<std::string>& row_labels,
                  const std::vector<std::string>& column_labels);
 // Pictures one under another, each under its title (ShapeError unless there
