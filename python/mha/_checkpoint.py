@@ -22,7 +22,7 @@ from . import _mha
 class Attention:
     """One kind of attention of one input, every layer and head.
 
-    weights: (layers, heads, queries, keys), each row summing to 1.
+    weights: (layers, nhead, queries, keys), each row summing to 1; a pruned head's plane is NaN.
     queries, keys: the label of each row and column (tokens, or patches).
     """
     name: str
@@ -111,7 +111,8 @@ class TokenModel:
         """Each head's importance (|dL/dgate| over held-out batches, normalised per layer, as
         Michel et al. 2019), entropy, confidence and favourite offset, as `mha heads` prints
         them: by attention kind ('self'; or 'encoder', 'decoder', 'cross'), a dict of
-        (layers, heads) arrays: importance, entropy, confidence, offset, offset_share, positional."""
+        (layers, nhead) arrays by head id: importance, entropy, confidence, offset, offset_share,
+        positional (a pruned head's: NaN, 0, False), and 'heads': the ids each layer has."""
         return {site.pop("name"): site for site in self._model.heads(examples, batch)}
 
     def evaluate(self, min_length: int = 0, max_length: int = 0) -> dict:

@@ -165,6 +165,7 @@ class MultiheadAttention(torch.nn.Module):
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
+        self.pruned_heads = set()
         self.attention = self._proto_for(dtype or torch.get_default_dtype()).attention()
         kind = self.attention["kind"]
         if kind == "linformer":
@@ -204,7 +205,51 @@ class MultiheadAttention(torch.nn.Module):
         return _prototype(_mha.MultiheadAttention, self.embed_dim, self.num_heads, float(self.dropout),
                           self.in_proj_bias is not None, self.bias_k is not None, self.add_zero_attn,
                           self.kdim, self.vdim, self.batch_first, dtype == torch.float64,
-                          _attention_key(self._attention_spec))
+                          _attention_key(self._attention_spec), self.head_dim)
+
+    def prune_heads(self, heads):
+        """Removes heads, as Hugging Face's prune_heads does: `heads` are head indices of the module as built
+        (0 … num_heads − 1 before any pruning); those pruned already are skipped, and `pruned_heads` keeps
+        them all. Their rows of the q, k and v projections (and biases, bias_k, bias_v) and their columns of
+        out_proj.weight go; num_heads shrinks, head_dim stays, and the module computes what it computed with
+        those heads' outputs multiplied by 0. The parameters are new tensors: make the optimizer afterwards.
+        """
+        fn = "mha.nn.MultiheadAttention.prune_heads"
+        original = self.num_heads + len(self.pruned_heads)
+        heads = set(int(h) for h in heads)
+        bad = sorted(h for h in heads if not 0 <= h < original)
+        if bad:
+            raise ValueError(f"[{fn}] heads: expected indices in [0, {original}) (the heads as built); got {bad[0]}")
+        heads -= self.pruned_heads
+        if not heads:
+            return
+        kept = [h for h in range(original) if h not in self.pruned_heads]  # ids of today's heads, in order
+        keep = [i for i, h in enumerate(kept) if h not in heads]
+        hd, H = self.head_dim, self.num_heads
+        device = next(self.parameters()).device
+
+        def index(blocks):  # the kept heads' rows in each of `blocks` blocks of H·hd
+            rows = [b * H * hd + i * hd + d for b in range(blocks) for i in keep for d in range(hd)]
+            return torch.tensor(rows, dtype=torch.long, device=device)
+
+        def cut(p, dim, blocks):
+            return None if p is None else Parameter(p.detach().index_select(dim, index(blocks)).clone(),
+                                                    requires_grad=p.requires_grad)
+
+        with torch.no_grad():
+            if self._qkv_same_embed_dim:
+                self.in_proj_weight = cut(self.in_proj_weight, 0, 3)
+            else:
+                for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                    setattr(self, name, cut(getattr(self, name), 0, 1))
+            if self.in_proj_bias is not None:
+                self.in_proj_bias = cut(self.in_proj_bias, 0, 3)
+            if self.bias_k is not None:
+                self.bias_k, self.bias_v = cut(self.bias_k, 2, 1), cut(self.bias_v, 2, 1)
+            self.out_proj.weight = cut(self.out_proj.weight, 1, 1)
+            self.out_proj.in_features = len(keep) * hd
+        self.num_heads = len(keep)
+        self.pruned_heads |= heads
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
@@ -254,9 +299,13 @@ class _TransformerLayer(torch.nn.Module):
             setattr(self, f"dropout{i}", Dropout(dropout))
 
     def _proto(self, cls):
-        return _prototype(cls, self.linear1.in_features, self.self_attn.num_heads, self.linear1.out_features,
-                          float(self.dropout.p), self._activation, float(self.norm1.eps), self.self_attn.batch_first,
-                          self.norm_first, _is_float64(self))
+        # nhead as built (the head dim); the counts left where heads were pruned (-1: all of them).
+        attn = self.self_attn
+        cross = getattr(self, "multihead_attn", None)
+        left = lambda m: m.num_heads if m is not None and m.pruned_heads else -1
+        return _prototype(cls, self.linear1.in_features, attn.num_heads + len(attn.pruned_heads),
+                          self.linear1.out_features, float(self.dropout.p), self._activation, float(self.norm1.eps),
+                          attn.batch_first, self.norm_first, _is_float64(self), left(attn), left(cross))
 
 
 class TransformerEncoderLayer(_TransformerLayer):

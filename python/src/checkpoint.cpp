@@ -7,6 +7,7 @@
 
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "mha/errors.h"
 #include "mha/train/checkpoint.h"
 #include "mha/train/heads.h"
+#include "mha/train/pruning.h"
 #include "mha/train/trainer.h"
 
 namespace mha::python {
@@ -79,13 +81,16 @@ std::vector<int64_t> token_answer(TokenModel& m, const std::vector<int64_t>& inp
   return on_model(m.mutex, [&] { return train::answer(m.loaded, input, max_new, "mha.load(...).generate"); });
 }
 
-// Every attention of the model over input → output: [{name, short_name, weights: [(H, queries, keys) per layer],
-// queries, keys}].
+// Every attention of the model over input → output: [{name, short_name, weights: [(nhead, queries, keys) per
+// layer, by head id: a pruned head's plane NaN], queries, keys}].
 py::list token_attention(TokenModel& m, const std::vector<int64_t>& input, const std::vector<int64_t>& output) {
   std::vector<train::AttentionView> views = on_model(m.mutex, [&] {
     std::vector<train::AttentionView> v = m.loaded.model->attention(input, output);
-    for (train::AttentionView& view : v)
+    for (train::AttentionView& view : v) {
+      view.weights = train::weights_by_id(view.weights, train::head_ids(*m.loaded.model, view.short_name),
+                                          m.loaded.info.model.nhead);
       for (Tensor& w : view.weights) w = w.clone();
+    }
     return v;
   });
   py::list out;
@@ -116,24 +121,30 @@ py::dict token_evaluate(TokenModel& m, int64_t min_length, int64_t max_length) {
 }
 
 // The head report (train/heads.h) over up to `examples` held-out examples: per
-// attention site, (layers, heads) arrays of each statistic.
+// attention site, (layers, nhead) arrays of each statistic by head id (a
+// pruned head's: NaN, offset 0, not positional) and the ids each layer has.
 py::list token_heads(TokenModel& m, int64_t examples, int64_t batch) {
   if (examples < 1) throw ValueError("[mha.load(...).heads] examples: expected >= 1; got " + std::to_string(examples));
   const train::HeadReport report = on_model(m.mutex, [&] {
     return train::head_report(*m.loaded.model, train::heldout_examples(m.loaded.info, 0, 0, examples), batch);
   });
   py::list out;
+  const int64_t heads = m.loaded.info.model.nhead;
   for (const train::SiteReport& site : report.sites) {
-    const int64_t layers = int64_t(site.heads.size()), heads = layers ? int64_t(site.heads[0].size()) : 0;
-    std::vector<double> importance, entropy, confidence, share;
-    std::vector<double> offset, positional;
-    for (const auto& layer : site.heads)
-      for (const train::HeadStats& h : layer) {
-        importance.push_back(h.importance), entropy.push_back(h.entropy), confidence.push_back(h.confidence);
-        share.push_back(h.offset_share), offset.push_back(double(h.offset)), positional.push_back(h.positional);
+    const int64_t layers = int64_t(site.heads.size());
+    const size_t cells = size_t(layers * heads);
+    std::vector<double> importance(cells, NAN), entropy(cells, NAN), confidence(cells, NAN), share(cells, NAN);
+    std::vector<double> offset(cells, 0.0), positional(cells, 0.0);
+    for (size_t l = 0; l < site.heads.size(); ++l)
+      for (size_t j = 0; j < site.heads[l].size(); ++j) {
+        const train::HeadStats& h = site.heads[l][j];
+        const size_t at = l * size_t(heads) + size_t(site.ids[l][j]);
+        importance[at] = h.importance, entropy[at] = h.entropy, confidence[at] = h.confidence;
+        share[at] = h.offset_share, offset[at] = double(h.offset), positional[at] = h.positional;
       }
     py::dict d;
     d["name"] = site.name;
+    d["heads"] = site.ids;
     const auto grid = [&](const std::vector<double>& v, DType dtype) {
       return to_numpy(Tensor::from_values(v, {layers, heads}).to(dtype));
     };

@@ -185,8 +185,9 @@ void bind_mha(py::module_& m) {
   py::class_<MultiheadAttention, std::shared_ptr<MultiheadAttention>>(m, "MultiheadAttention")
       .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
                        bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, bool float64,
-                       const py::object& attention) {
-             nn::MultiheadAttentionConfig c{.embed_dim = embed_dim, .num_heads = num_heads, .dropout = dropout,
+                       const py::object& attention, int64_t head_dim) {
+             nn::MultiheadAttentionConfig c{.embed_dim = embed_dim, .num_heads = num_heads, .head_dim = head_dim,
+                                            .dropout = dropout,
                                             .bias = bias, .add_bias_kv = add_bias_kv,
                                             .add_zero_attn = add_zero_attn, .kdim = kdim, .vdim = vdim,
                                             .batch_first = batch_first, .dtype = dtype_of(float64)};
@@ -197,7 +198,7 @@ void bind_mha(py::module_& m) {
            py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0, py::arg("bias") = true,
            py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false, py::arg("kdim") = 0,
            py::arg("vdim") = 0, py::arg("batch_first") = false, py::arg("float64") = false,
-           py::arg("attention") = py::none())
+           py::arg("attention") = py::none(), py::arg("head_dim") = 0)
       .def("parameter_names", [](const MultiheadAttention& p) { return names_of(p); })
       .def("attention", [](const MultiheadAttention& p) { return variant_dict(p.config().attention); },
            "The attention variant, every field as a dict.")
@@ -235,25 +236,29 @@ void bind_mha(py::module_& m) {
 nn::TransformerEncoderLayerConfig layer_config(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
                                                double dropout, const std::string& activation,
                                                double layer_norm_eps, bool batch_first, bool norm_first,
-                                               bool float64, const char* fn) {
+                                               bool float64, const char* fn, int64_t self_heads,
+                                               int64_t cross_heads) {
   return {.d_model = d_model, .nhead = nhead, .dim_feedforward = dim_feedforward, .dropout = dropout,
           .activation = activation_of(activation, fn), .layer_norm_eps = layer_norm_eps,
-          .batch_first = batch_first, .norm_first = norm_first, .dtype = dtype_of(float64)};
+          .batch_first = batch_first, .norm_first = norm_first, .dtype = dtype_of(float64),
+          .self_heads = self_heads, .cross_heads = cross_heads};
 }
 
 template <class Layer, class Cls>
 void def_layer_init(Cls& cls, const char* fn) {
   cls.def(py::init([fn](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
                         const std::string& activation, double layer_norm_eps, bool batch_first, bool norm_first,
-                        bool float64) {
+                        bool float64, int64_t self_heads, int64_t cross_heads) {
             Generator gen(0);
             return std::make_shared<Layer>(layer_config(d_model, nhead, dim_feedforward, dropout, activation,
-                                                        layer_norm_eps, batch_first, norm_first, float64, fn),
+                                                        layer_norm_eps, batch_first, norm_first, float64, fn,
+                                                        self_heads, cross_heads),
                                            gen);
           }),
           py::arg("d_model"), py::arg("nhead"), py::arg("dim_feedforward") = 2048, py::arg("dropout") = 0.1,
           py::arg("activation") = "relu", py::arg("layer_norm_eps") = 1e-5, py::arg("batch_first") = false,
-          py::arg("norm_first") = false, py::arg("float64") = false)
+          py::arg("norm_first") = false, py::arg("float64") = false, py::arg("self_heads") = -1,
+          py::arg("cross_heads") = -1)
       .def("parameter_names", [](const Layer& p) { return names_of(p); });
 }
 

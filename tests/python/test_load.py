@@ -112,6 +112,23 @@ def test_heads_match_the_cli(runs):
         model.heads(examples=0)
 
 
+def test_a_pruned_checkpoint(runs, tmp_path):
+    """`mha prune`'s output loads: heads by id (the pruned one NaN), attention per layer of the heads left,
+    the CLI's answers."""
+    out = str(tmp_path / "pruned")
+    run("prune", "--checkpoint", runs["decoder"], "--heads", "1", "--out", out)
+    model = mha.load(out)
+    r = model.heads(examples=8)["self"]
+    assert sorted(len(ids) for ids in r["heads"]) == [1, 2]
+    gone = [(l, h) for l in range(2) for h in range(2) if h not in r["heads"][l]]
+    assert len(gone) == 1 and np.isnan(r["importance"][gone[0]])
+    assert np.isfinite(np.delete(r["importance"].ravel(), gone[0][0] * 2 + gone[0][1])).all()
+    weights = model.attention("3 1 4")["self"].weights  # (layers, nhead, q, k) by id
+    assert weights.shape[:2] == (2, 2) and np.isnan(weights[gone[0]]).all()
+    assert np.isfinite(np.delete(weights.reshape(4, -1), gone[0][0] * 2 + gone[0][1], axis=0)).all()
+    assert model.generate("3 1 4") == run("generate", "--checkpoint", out, "--input", "3 1 4").strip()
+
+
 def test_encoder_decoder_and_encoder(runs):
     ed = mha.load(runs["encoder-decoder"])
     assert ed.architecture == "encoder-decoder"
