@@ -6,14 +6,7 @@
 set -euo pipefail
 mha=$1 dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
-fail() { echo "FAIL: $*"; exit 1; }
-# expect_error "what the message must hold" ARGS...: the command fails, saying so.
-expect_error() {
-  local want=$1 out
-  shift
-  if out=$("$mha" "$@" 2>&1); then fail "mha $* succeeded; expected an error with: $want"; fi
-  grep -qF -- "$want" <<<"$out" || fail "mha $*: expected an error with '$want'; got: $out"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_helpers.sh"
 small=(--task copy --min-length 2 --max-length 4 --steps 30 --eval-every 0 --d-model 16 --layers 2 --ff 32 --heldout 16)
 
 "$mha" train "${small[@]}" --heads 4,2 --out "$dir/d42" >"$dir/d42.log"
@@ -25,7 +18,7 @@ assert m["nhead"] == 4 and m["heads"] == [[0, 1, 2, 3], [0, 1]], m
 PY
 
 # Half of the 6 heads by importance in 2 rounds, fine-tuned; the report and what reads the result.
-"$mha" prune --checkpoint "$dir/d42" --fraction 0.5 --iterations 2 --finetune-steps 5 --examples 16 \
+"$mha" prune --checkpoint "$dir/d42" --fraction 0.5 --iterations 2 --finetune-steps 5 --examples 16 --batch 8 \
   --out "$dir/half" >"$dir/half.log"
 grep -q "3 of 6 heads pruned by importance" "$dir/half.log" || fail "prune --fraction 0.5: $(cat "$dir/half.log")"
 grep -q "fine-tuned 5 steps" "$dir/half.log" || fail "fine-tuning"
@@ -52,14 +45,14 @@ grep -q '"present":\[\[' "$dir/half/heads.html" || fail "the page says which hea
 "$mha" viz --checkpoint "$dir/half" --input "3 1 4" --out "$dir/half/viz.png" >/dev/null || fail "viz"
 
 # Every head pruned at random: layers without heads still evaluate and decode.
-"$mha" prune --checkpoint "$dir/d42" --heads 6 --by random --out "$dir/none" >"$dir/none.log"
+"$mha" prune --checkpoint "$dir/d42" --heads 6 --by random --examples 16 --out "$dir/none" >"$dir/none.log"
 grep -q "6 of 6 heads pruned at random" "$dir/none.log" || fail "prune --heads 6: $(cat "$dir/none.log")"
 "$mha" eval --checkpoint "$dir/none" >/dev/null || fail "eval without heads"
 "$mha" generate --checkpoint "$dir/none" --input "3 1" >/dev/null || fail "generate without heads"
 
 # An encoder-decoder: encoder, decoder and cross-attention heads ranked together.
 "$mha" train "${small[@]}" --arch encoder-decoder --heads 2 --out "$dir/ed" >/dev/null
-"$mha" prune --checkpoint "$dir/ed" --fraction 0.5 --out "$dir/ed-half" >"$dir/ed.log"
+"$mha" prune --checkpoint "$dir/ed" --fraction 0.5 --examples 16 --out "$dir/ed-half" >"$dir/ed.log"
 grep -q "6 of 12 heads pruned" "$dir/ed.log" || fail "encoder-decoder: $(cat "$dir/ed.log")"
 "$mha" eval --checkpoint "$dir/ed-half" >/dev/null || fail "eval of the pruned encoder-decoder"
 

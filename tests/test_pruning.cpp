@@ -86,8 +86,10 @@ TEST(PruneHeads, EqualsGatesOfZero) {
       gated.zero_grad(), pruned.zero_grad();
       const MultiheadAttentionInputGradients ga = gated.backward(dy), gb = pruned.backward(dy);
       EXPECT_LT(max_abs_diff(ga.dquery, gb.dquery), tol);
-      if (!pc.self) EXPECT_LT(max_abs_diff(ga.dkey, gb.dkey), tol);
-      if (!pc.self) EXPECT_LT(max_abs_diff(ga.dvalue, gb.dvalue), tol);
+      if (!pc.self) {
+        EXPECT_LT(max_abs_diff(ga.dkey, gb.dkey), tol);
+        EXPECT_LT(max_abs_diff(ga.dvalue, gb.dvalue), tol);
+      }
       const std::vector<double> gate_grad = gated.head_gate_grad().to_vector();
       gated.prune_heads({1, 3});  // the gradients of what remains, pruned with it
       EXPECT_EQ(pruned.head_gate_grad().to_vector().size(), 2u);
@@ -323,8 +325,9 @@ TEST(PruneHeads, HeadsPerLayerFromTheStart) {
   m.forward(ids);
   m.backward(r);
   for (NamedParameter& p : m.named_parameters())
-    if (p.name.find("relative") != std::string::npos || p.name.find("layers.1.self_attn") != std::string::npos)
+    if (p.name.find("relative") != std::string::npos || p.name.find("layers.1.self_attn") != std::string::npos) {
       EXPECT_LT(gradient_error(*p.value, *p.grad, loss), 1e-6) << p.name;
+    }
   const Tensor weights = (m.forward(ids, true), m.attention_weights()[1]);
   EXPECT_EQ(weights.size(1), 1);
 
@@ -366,8 +369,9 @@ TEST(PruneHeads, CheckpointsRoundTrip) {
     train::save_checkpoint(dir + "/pruned", *model, info);
     train::LoadedCheckpoint loaded = train::load_checkpoint(dir + "/pruned");
     EXPECT_EQ(train::head_ids(*loaded.model, site), (train::HeadLists{{0, 1, 2, 3}, {1, 3}}));
-    if (arch == train::Architecture::encoder_decoder)
+    if (arch == train::Architecture::encoder_decoder) {
       EXPECT_EQ(loaded.info.encoder_heads, (train::HeadLists{{}, {0, 1, 2, 3}}));
+    }
     EXPECT_EQ(max_abs_diff(loaded.model->forward(loaded.model->make_batch(examples)), want), 0.0);
     EXPECT_EQ(train::count_heads(*loaded.model), arch == train::Architecture::decoder ? 6 : 18);
     std::filesystem::remove_all(dir);

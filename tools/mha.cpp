@@ -8,6 +8,70 @@
 #include "train_command.h"
 #include "mha/mha.h"
 
+namespace {
+
+// The student's (or the model's) settings and the training flags: shared by `train` and `distill`.
+void add_model_and_training_options(CLI::App* cmd, mha::tools::TrainCommand& t) {
+  mha::nn::AttentionVariant& attention = t.model.attention;
+  cmd->add_option("--attention", t.attention,
+                        "Self-attention: " + mha::nn::attention_kind_names() +
+                            " (linformer and axial need --arch encoder; see docs/variants.md)")
+      ->check(CLI::IsMember({"full", "window", "strided", "bigbird", "linear", "performer", "linformer", "lsh", "axial"}))
+      ->capture_default_str();
+  cmd->add_option("--window", attention.window, "window: keys within this many positions")->capture_default_str();
+  cmd->add_option("--block", attention.block, "strided, bigbird: block length")->capture_default_str();
+  cmd->add_option("--features", attention.features, "performer: random features")->capture_default_str();
+  cmd->add_option("--redraw-every", attention.redraw_every, "performer: steps between feature draws (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--projected", attention.projected, "linformer: projected length k")->capture_default_str();
+  cmd->add_option("--hashes", attention.hashes, "lsh: hashing rounds")->capture_default_str();
+  cmd->add_option("--chunk", attention.chunk, "lsh: chunk length")->capture_default_str();
+  cmd->add_option("--buckets", attention.buckets, "lsh: buckets (0: sequence / chunk)")->capture_default_str();
+  cmd->add_option("--axial-width", attention.axial_width, "axial: positions per row (images: the patch grid's)")
+      ->capture_default_str();
+  cmd->add_option("--d-model", t.model.d_model, "Model dimension")->capture_default_str();
+  cmd->add_option("--heads", t.heads,
+                        "Attention heads: one count for every layer, or one per layer (8,4,2: each head d_model / 8 "
+                        "wide, the largest count)")
+      ->capture_default_str();
+  cmd->add_option("--layers", t.model.num_layers, "Transformer layers (an encoder-decoder's decoder layers)")
+      ->capture_default_str();
+  cmd->add_option("--encoder-layers", t.encoder_layers, "Encoder layers of an encoder-decoder (default: --layers)");
+  cmd->add_flag("--checkpoint-activations", t.model.checkpoint_activations,
+                      "Activation checkpointing: each layer keeps only its input and recomputes its forward in "
+                      "backward (less memory, about one more forward of compute)");
+  cmd->add_option("--ff", t.model.dim_feedforward, "Feed-forward dimension")->capture_default_str();
+  cmd->add_option("--dropout", t.model.dropout, "Dropout")->capture_default_str();
+  cmd->add_flag("!--post-ln,--pre-ln", t.model.norm_first, "Post-LN (default: Pre-LN)");
+  cmd->add_option("--position", t.position, "Position information: sinusoidal, learned, relative, rope or alibi")
+      ->check(CLI::IsMember({"sinusoidal", "learned", "relative", "rope", "alibi"}))
+      ->capture_default_str();
+  cmd->add_option("--max-len", t.model.max_len, "Longest sequence of a learned position table")
+      ->capture_default_str();
+  cmd->add_option("--precision", t.precision,
+                        "Matrix products: float32, or bf16-mixed (bfloat16 operands, float32 sums and master weights)")
+      ->check(CLI::IsMember({"float32", "bf16-mixed"}))
+      ->capture_default_str();
+  cmd->add_option("--steps", t.train.steps, "Training steps (copy: 1250 unless given)")->capture_default_str();
+  cmd->add_option("--batch", t.train.batch_size, "Sequences per step")->capture_default_str();
+  cmd->add_option("--lr", t.train.lr, "Peak learning rate (AdamW)")->capture_default_str();
+  cmd->add_option("--warmup", t.train.warmup, "Warm-up steps")->capture_default_str();
+  cmd->add_option("--min-lr", t.train.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  cmd->add_option("--weight-decay", t.train.weight_decay, "AdamW weight decay")->capture_default_str();
+  cmd->add_option("--clip", t.train.clip, "Gradient-norm clipping")->capture_default_str();
+  cmd->add_option("--seed", t.train.seed, "Random seed")->capture_default_str();
+  cmd->add_option("--eval-every", t.train.eval_every, "Held-out evaluation interval")->capture_default_str();
+  cmd->add_option("--max-seconds", t.train.max_seconds, "Stop after this much training time")->capture_default_str();
+  cmd->add_option("--stop-when-perfect", t.train.stop_when_perfect, "Stop once held-out exact match is 100%")->capture_default_str();
+  cmd->add_option("--accumulate", t.train.accumulate, "Micro-batches of --batch per step (gradient accumulation)")->capture_default_str();
+  cmd->add_option("--init", t.init, "Weight initialisation: default, xavier, he or normal")->capture_default_str();
+  cmd->add_option("--out", t.out, "Folder for the checkpoint, metrics.csv and summary.json");
+  cmd->add_option("--checkpoint-every", t.train.checkpoint_every, "Also save the checkpoint every N steps (needs --out)")->capture_default_str();
+  cmd->add_option("--resume", t.resume, "Continue the run saved in this folder (to --steps in all)");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"mha: multi-head attention on the CPU"};
   app.set_version_flag("--version", std::string(mha::version));
@@ -33,68 +97,13 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--heldout", train.task_config.heldout, "Held-out examples")->capture_default_str();
   train_cmd->add_option("--max-args", train.task_config.max_args, "listops: most operands per operator")->capture_default_str();
   train_cmd->add_option("--max-depth", train.task_config.max_depth, "listops: deepest nesting")->capture_default_str();
-  mha::nn::AttentionVariant& attention = train.model.attention;
-  train_cmd->add_option("--attention", train.attention,
-                        "Self-attention: " + mha::nn::attention_kind_names() +
-                            " (linformer and axial need --arch encoder; see docs/variants.md)")
-      ->check(CLI::IsMember({"full", "window", "strided", "bigbird", "linear", "performer", "linformer", "lsh", "axial"}))
-      ->capture_default_str();
-  train_cmd->add_option("--window", attention.window, "window: keys within this many positions")->capture_default_str();
-  train_cmd->add_option("--block", attention.block, "strided, bigbird: block length")->capture_default_str();
-  train_cmd->add_option("--features", attention.features, "performer: random features")->capture_default_str();
-  train_cmd->add_option("--redraw-every", attention.redraw_every, "performer: steps between feature draws (0: never)")
-      ->capture_default_str();
-  train_cmd->add_option("--projected", attention.projected, "linformer: projected length k")->capture_default_str();
-  train_cmd->add_option("--hashes", attention.hashes, "lsh: hashing rounds")->capture_default_str();
-  train_cmd->add_option("--chunk", attention.chunk, "lsh: chunk length")->capture_default_str();
-  train_cmd->add_option("--buckets", attention.buckets, "lsh: buckets (0: sequence / chunk)")->capture_default_str();
-  train_cmd->add_option("--axial-width", attention.axial_width, "axial: positions per row (images: the patch grid's)")
-      ->capture_default_str();
-  train_cmd->add_option("--d-model", train.model.d_model, "Model dimension")->capture_default_str();
-  train_cmd->add_option("--heads", train.heads,
-                        "Attention heads: one count for every layer, or one per layer (8,4,2: each head d_model / 8 "
-                        "wide, the largest count)")
-      ->capture_default_str();
   train_cmd->add_option("--arch", train.architecture,
                          "Architecture: decoder (decoder-only, on BOS input SEP output EOS), encoder-decoder "
                          "(the input is the source, the output the target) or encoder (bidirectional: BOS input SEP "
                          "and one MASK per output token, answered in one pass)")
       ->check(CLI::IsMember({"decoder", "encoder-decoder", "encoder"}))
       ->capture_default_str();
-  train_cmd->add_option("--layers", train.model.num_layers, "Transformer layers (an encoder-decoder's decoder layers)")
-      ->capture_default_str();
-  train_cmd->add_option("--encoder-layers", train.encoder_layers, "Encoder layers of an encoder-decoder (default: --layers)");
-  train_cmd->add_flag("--checkpoint-activations", train.model.checkpoint_activations,
-                      "Activation checkpointing: each layer keeps only its input and recomputes its forward in "
-                      "backward (less memory, about one more forward of compute)");
-  train_cmd->add_option("--ff", train.model.dim_feedforward, "Feed-forward dimension")->capture_default_str();
-  train_cmd->add_option("--dropout", train.model.dropout, "Dropout")->capture_default_str();
-  train_cmd->add_flag("!--post-ln,--pre-ln", train.model.norm_first, "Post-LN (default: Pre-LN)");
-  train_cmd->add_option("--position", train.position, "Position information: sinusoidal, learned, relative, rope or alibi")
-      ->check(CLI::IsMember({"sinusoidal", "learned", "relative", "rope", "alibi"}))
-      ->capture_default_str();
-  train_cmd->add_option("--max-len", train.model.max_len, "Longest sequence of a learned position table")
-      ->capture_default_str();
-  train_cmd->add_option("--precision", train.precision,
-                        "Matrix products: float32, or bf16-mixed (bfloat16 operands, float32 sums and master weights)")
-      ->check(CLI::IsMember({"float32", "bf16-mixed"}))
-      ->capture_default_str();
-  train_cmd->add_option("--steps", train.train.steps, "Training steps (copy: 1250 unless given)")->capture_default_str();
-  train_cmd->add_option("--batch", train.train.batch_size, "Sequences per step")->capture_default_str();
-  train_cmd->add_option("--lr", train.train.lr, "Peak learning rate (AdamW)")->capture_default_str();
-  train_cmd->add_option("--warmup", train.train.warmup, "Warm-up steps")->capture_default_str();
-  train_cmd->add_option("--min-lr", train.train.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  train_cmd->add_option("--weight-decay", train.train.weight_decay, "AdamW weight decay")->capture_default_str();
-  train_cmd->add_option("--clip", train.train.clip, "Gradient-norm clipping")->capture_default_str();
-  train_cmd->add_option("--seed", train.train.seed, "Random seed")->capture_default_str();
-  train_cmd->add_option("--eval-every", train.train.eval_every, "Held-out evaluation interval")->capture_default_str();
-  train_cmd->add_option("--max-seconds", train.train.max_seconds, "Stop after this much training time")->capture_default_str();
-  train_cmd->add_option("--stop-when-perfect", train.train.stop_when_perfect, "Stop once held-out exact match is 100%")->capture_default_str();
-  train_cmd->add_option("--accumulate", train.train.accumulate, "Micro-batches of --batch per step (gradient accumulation)")->capture_default_str();
-  train_cmd->add_option("--init", train.init, "Weight initialisation: default, xavier, he or normal")->capture_default_str();
-  train_cmd->add_option("--out", train.out, "Folder for the checkpoint, metrics.csv and summary.json");
-  train_cmd->add_option("--checkpoint-every", train.train.checkpoint_every, "Also save the checkpoint every N steps (needs --out)")->capture_default_str();
-  train_cmd->add_option("--resume", train.resume, "Continue the run saved in this folder (to --steps in all)");
+  add_model_and_training_options(train_cmd, train);
 
   std::string checkpoint;
   CLI::App* eval_cmd = app.add_subcommand("eval", "Held-out exact match of a trained checkpoint");
@@ -132,6 +141,28 @@ int main(int argc, char** argv) {
   heads_cmd->add_option("--examples", heads_examples, "Held-out examples to score over")->capture_default_str();
   heads_cmd->add_option("--batch", heads_batch, "Examples per backward pass")->capture_default_str();
 
+  mha::tools::TrainCommand distill;
+  CLI::App* distill_cmd = app.add_subcommand(
+      "distill", "Train a student on a trained teacher's outputs (soft targets at a temperature; optionally its "
+                 "last layer's attention and its hidden states); the task and its data are the teacher's");
+  distill_cmd->add_option("--teacher", distill.teacher, "A folder written by `mha train --out`")->required();
+  distill_cmd->add_option("--temperature", distill.distill.temperature, "Softmax temperature T of the soft targets")
+      ->capture_default_str();
+  distill_cmd->add_option("--alpha", distill.distill.alpha,
+                          "Share of the soft targets: loss = alpha T^2 KL(teacher_T || student_T) + (1 - alpha) CE")
+      ->capture_default_str();
+  bool attention_transfer = false, hidden_transfer = false;
+  double attention_weight = 1.0, hidden_weight = 1.0;
+  distill_cmd->add_flag("--attention-transfer", attention_transfer,
+                        "Also match the teacher's last-layer attention (KL per query row; heads averaged when the "
+                        "counts differ), weighted by --attention-weight");
+  distill_cmd->add_option("--attention-weight", attention_weight, "Weight of the attention term")->capture_default_str();
+  distill_cmd->add_flag("--hidden-transfer", hidden_transfer,
+                        "Also match the teacher's final hidden states through a learned projection (MSE), weighted "
+                        "by --hidden-weight");
+  distill_cmd->add_option("--hidden-weight", hidden_weight, "Weight of the hidden-state term")->capture_default_str();
+  add_model_and_training_options(distill_cmd, distill);
+
   mha::tools::PruneCommand prune;
   CLI::App* prune_cmd = app.add_subcommand(
       "prune", "Remove heads (by importance, iteratively, or at random), optionally fine-tune, and compare held-out "
@@ -147,6 +178,7 @@ int main(int argc, char** argv) {
   prune_cmd->add_option("--examples", prune.examples, "Training examples to score the heads on")->capture_default_str();
   prune_cmd->add_option("--batch", prune.batch, "Fine-tuning batch")->capture_default_str();
   prune_cmd->add_option("--lr", prune.lr, "Fine-tuning learning rate")->capture_default_str();
+  prune_cmd->add_option("--warmup", prune.warmup, "Fine-tuning warm-up steps")->capture_default_str();
   prune_cmd->add_option("--seed", prune.seed, "Seed of the scoring examples, the random draw and fine-tuning")
       ->capture_default_str();
 
@@ -193,6 +225,11 @@ int main(int argc, char** argv) {
     if (gen_cmd->parsed()) return mha::tools::run_generate(gen_checkpoint, gen_input, gen_max_new, load);
     if (heads_cmd->parsed()) return mha::tools::run_heads(heads_checkpoint, heads_out, heads_examples, heads_batch, load, heads_html);
     if (prune_cmd->parsed()) return mha::tools::run_prune(prune);
+    if (distill_cmd->parsed()) {
+      distill.distill.attention_weight = attention_transfer ? attention_weight : 0.0;
+      distill.distill.hidden_weight = hidden_transfer ? hidden_weight : 0.0;
+      return mha::tools::run_train(distill);
+    }
   } catch (const std::exception& e) {
     std::cerr << "mha: " << e.what() << "\n";
     return 1;

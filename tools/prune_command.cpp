@@ -98,7 +98,7 @@ int run_prune(const PruneCommand& cmd) {
   if (cmd.finetune_steps > 0) {
     const train::TrainResult r = train::train(
         model, data,
-        {.steps = cmd.finetune_steps, .batch_size = cmd.batch, .lr = cmd.lr, .min_lr = cmd.lr / 10, .warmup = 0,
+        {.steps = cmd.finetune_steps, .batch_size = cmd.batch, .lr = cmd.lr, .min_lr = cmd.lr / 10, .warmup = cmd.warmup,
          .seed = cmd.seed, .eval_every = 0, .stop_when_perfect = false});
     after = train::evaluate(model, heldout);
     std::printf("mha prune: fine-tuned %lld steps (%.1f s): held-out exact match %s\n", (long long)r.steps,

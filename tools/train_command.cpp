@@ -1,6 +1,7 @@
 // `mha train`: progress on a terminal as one live line, else plain lines.
 #include "train_command.h"
 
+#include "distill_command.h"
 #include "progress.h"
 
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <filesystem>
 #include <sstream>
 
@@ -64,8 +66,11 @@ HeadCounts parse_heads(const std::string& text, int64_t layers) {
 
 std::string describe_heads(int64_t nhead, const std::vector<std::vector<int64_t>>& lists) {
   if (lists.empty()) return std::to_string(nhead) + " heads";
-  std::string s = "heads ";
-  for (size_t l = 0; l < lists.size(); ++l) s += (l ? "," : "") + std::to_string(lists[l].size());
+  std::string s = "heads ";  // appended piece by piece: GCC 12 warns (-Wrestrict) on "," + to_string
+  for (size_t l = 0; l < lists.size(); ++l) {
+    if (l) s += ',';
+    s += std::to_string(lists[l].size());
+  }
   return s + " per layer";
 }
 
@@ -75,8 +80,12 @@ int run_train(TrainCommand& cmd) {
   train::TrainState state;
   std::string earlier_metrics;
   std::vector<std::vector<int64_t>> encoder_heads, cross_heads;  // an encoder-decoder's
+  std::optional<TeacherRun> teacher;
+  if (!cmd.teacher.empty()) teacher.emplace(cmd.teacher, cmd.distill);
+  const char* name = teacher ? "mha distill" : "mha train";
   if (!cmd.resume.empty()) {
     train::LoadedCheckpoint loaded = load(cmd.resume, {}, true);
+    if (teacher) teacher->resume(cmd.resume, *loaded.model, loaded.info, *loaded.state);
     cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, cmd.train.seed = loaded.info.seed;
     cmd.task = train::to_string(cmd.task_config.task);
     architecture = loaded.info.architecture, cmd.encoder_layers = loaded.info.num_encoder_layers;
@@ -85,8 +94,13 @@ int run_train(TrainCommand& cmd) {
     state = *loaded.state;
     std::ifstream metrics_file(cmd.resume + "/metrics.csv");
     earlier_metrics.assign(std::istreambuf_iterator<char>(metrics_file), std::istreambuf_iterator<char>());
-    std::printf("mha train: resuming %s at step %lld\n", cmd.resume.c_str(), (long long)state.step);
+    std::printf("%s: resuming %s at step %lld\n", name, cmd.resume.c_str(), (long long)state.step);
   } else {
+    if (teacher) {  // the teacher's task, data split and architecture
+      cmd.task_config = teacher->teacher.info.task, cmd.task = train::to_string(cmd.task_config.task);
+      cmd.architecture = train::to_string(teacher->teacher.info.architecture);
+      cmd.train.seed = teacher->teacher.info.seed;
+    }
     cmd.task_config.task = train::parse_task(cmd.task);
     cmd.model.position = nn::parse_position(cmd.position);
     cmd.model.precision = nn::parse_precision(cmd.precision);
@@ -109,6 +123,7 @@ int run_train(TrainCommand& cmd) {
     Generator gen(cmd.train.seed);
     model = train::make_task_model(architecture, cmd.model, cmd.encoder_layers, gen, encoder_heads, cross_heads);
     nn::initialize(*model, nn::parse_init(cmd.init), gen);
+    if (teacher) teacher->check_student(*model, {.model = cmd.model, .task = cmd.task_config});
   }
   const train::TaskData data(cmd.task_config, cmd.train.seed);
   // One-token answers (ListOps): what always giving the most common one scores.
@@ -117,7 +132,7 @@ int run_train(TrainCommand& cmd) {
     std::vector<int64_t> counts(train::kVocab, 0);
     for (const train::Example& e : data.heldout()) ++counts[size_t(e.output.at(0))];
     baseline = double(*std::max_element(counts.begin(), counts.end())) / double(data.heldout().size());
-    std::printf("mha train: the most common held-out answer is %.1f%% of them\n", 100 * baseline);
+    std::printf("%s: the most common held-out answer is %.1f%% of them\n", name, 100 * baseline);
   }
   int64_t parameters = 0;
   for (const nn::NamedParameter& p : model->named_parameters()) parameters += p.value->numel();
@@ -126,18 +141,23 @@ int run_train(TrainCommand& cmd) {
           ? "encoder-decoder, " + std::to_string(cmd.encoder_layers) + " encoder and " +
                 std::to_string(cmd.model.num_layers) + " decoder layers"
           : train::to_string(architecture) + ", " + std::to_string(cmd.model.num_layers) + " layers";
-  std::printf("mha train: task %s, %lld held-out examples; model d_model %lld, %s, %s, %s attention, "
+  std::printf("%s: task %s, %lld held-out examples; model d_model %lld, %s, %s, %s attention, "
               "%s positions, %s, %lld parameters, %s precision%s\n",
-              cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model,
+              name, cmd.task.c_str(), (long long)data.heldout().size(), (long long)cmd.model.d_model,
               describe_heads(cmd.model.nhead, cmd.model.heads).c_str(),
               layers.c_str(), nn::describe(cmd.model.attention).c_str(), nn::to_string(cmd.model.position).c_str(),
               cmd.model.norm_first ? "Pre-LN" : "Post-LN", (long long)parameters,
               nn::to_string(cmd.model.precision).c_str(), cmd.model.checkpoint_activations ? ", activation checkpointing" : "");
+  if (teacher)
+    std::printf("%s\n", teacher->describe(parameters, train::evaluate(*teacher->teacher.model, data.heldout()).exact_match)
+                             .c_str());
   const auto save = [&](const train::TrainState& s) {
+    std::filesystem::create_directories(cmd.out);
+    const train::TrainState student = teacher ? teacher->save(cmd.out, s) : s;
     train::save_checkpoint(cmd.out, *model,
                            {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step,
                             .architecture = architecture, .num_encoder_layers = cmd.encoder_layers},
-                           &s);
+                           &student);
   };
   ProgressReport report(earlier_metrics);
   int64_t saved_step = -1;  // of the last checkpoint written in cmd.out
@@ -148,12 +168,14 @@ int run_train(TrainCommand& cmd) {
   };
   train::TrainResult r;
   try {
-    r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint);
+    r = train::train(*model, data, cmd.train, std::ref(report), &state, on_checkpoint,
+                     teacher ? teacher->gradients(*model) : train::GradientFn{},
+                     teacher ? teacher->extra() : std::vector<nn::NamedParameter>{});
   } catch (const NumericalError& e) {
     // Nothing more is written: the last checkpoint stays as it was.
     throw NumericalError(std::string(e.what()) + ".\n" +
                          (saved_step >= 0 ? "The last checkpoint, at step " + std::to_string(saved_step) + ", is intact in " +
-                                                cmd.out + ": `mha train --resume " + cmd.out +
+                                                cmd.out + ": `" + name + " --resume " + cmd.out +
                                                 "` continues from it (with a lower --lr or a tighter --clip, say)"
                                           : std::string("No checkpoint was written (--out with --checkpoint-every N saves one every N steps)")));
   }

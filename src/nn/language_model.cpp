@@ -39,18 +39,26 @@ void LanguageModel::train(bool on) {
 void LanguageModel::release_activations() {
   for (Module* m : std::initializer_list<Module*>{&embedding, &head, &transformer}) m->release_activations();
   if (position_embedding) position_embedding->release_activations();
+  hidden_ = Tensor();
 }
 
 Tensor LanguageModel::forward(const Tensor& ids, bool need_weights) {
   const char* fn = "mha::nn::LanguageModel::forward";
   check_ids(ids, fn);
   ids_ = ids;
-  return head.forward(transformer.forward(embed_tokens(embedding, position_embedding, config_, ids, 0, fn), {},
-                                          need_weights));
+  hidden_ = transformer.forward(embed_tokens(embedding, position_embedding, config_, ids, 0, fn), {}, need_weights);
+  return head.forward(hidden_);
 }
 
-void LanguageModel::backward(const Tensor& dlogits) {
-  const Tensor dx = transformer.backward(head.backward(dlogits));
+void LanguageModel::backward(const Tensor& dlogits, const Tensor& dhidden, const std::vector<Tensor>& dweights) {
+  Tensor dh = head.backward(dlogits);
+  if (dhidden.defined()) {
+    if (dhidden.shape() != dh.shape())
+      raise<ShapeError>("mha::nn::LanguageModel::backward", "dhidden", "last_hidden()'s shape " +
+                        shape_string(dh.shape()), shape_string(dhidden.shape()));
+    dh = add(dh, dhidden);
+  }
+  const Tensor dx = transformer.backward(dh, dweights);
   embed_tokens_backward(embedding, position_embedding, ids_, dx);
 }
 

@@ -69,8 +69,9 @@ struct BlockGradients {
   Tensor dquery, dkv, dbias;
 };
 
-BlockGradients attention_block_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy) {
-  const MultiheadAttentionInputGradients g = attention.backward(drop.backward(dy));
+BlockGradients attention_block_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy,
+                                        const Tensor& dweights = {}) {
+  const MultiheadAttentionInputGradients g = attention.backward(drop.backward(dy), dweights);
   return {g.dquery, add(g.dkey, g.dvalue), g.dattn_bias};
 }
 
@@ -86,8 +87,9 @@ Tensor feed_forward_backward(Linear& l1, ActivationLayer& act, Dropout& inner, L
 
 // A self-attention block's backward: x fed it as query, key and value, so
 // x's gradient is the sum; the gradient of its attn_bias into *dbias.
-Tensor self_attention_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy, Tensor& dbias) {
-  const BlockGradients b = attention_block_backward(attention, drop, dy);
+Tensor self_attention_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy, Tensor& dbias,
+                               const Tensor& dweights = {}) {
+  const BlockGradients b = attention_block_backward(attention, drop, dy, dweights);
   dbias = b.dbias;
   return add(b.dquery, b.dkv);
 }
@@ -210,12 +212,14 @@ Tensor TransformerEncoderLayer::forward_cached(const Tensor& src, KVCache& cache
   return residual(config_.norm_first, norm2, residual(config_.norm_first, norm1, src, sa), ff);
 }
 
-Tensor TransformerEncoderLayer::backward(const Tensor& dy) {
+Tensor TransformerEncoderLayer::backward(const Tensor& dy, const Tensor& dweights) {
   if (!forwarded_)
     throw StateError("[mha::nn::TransformerEncoderLayer::backward] state: expected a forward call first; got none");
   const bool checkpointed = config_.checkpoint_activations;
   if (checkpointed) rerun_forward(*this, replay_, [&] { forward_blocks(replay_.input, replay_.inputs); });
-  auto sa = [&](const Tensor& g) { return self_attention_backward(self_attn, dropout1, g, attn_bias_grad_); };
+  auto sa = [&](const Tensor& g) {
+    return self_attention_backward(self_attn, dropout1, g, attn_bias_grad_, dweights);
+  };
   auto ff = [&](const Tensor& g) { return feed_forward_backward(linear1, activation_, dropout, linear2, dropout2, g); };
   const Tensor dh = residual_backward(config_.norm_first, norm2, dy, ff);
   const Tensor dx = residual_backward(config_.norm_first, norm1, dh, sa);

@@ -228,9 +228,13 @@ Tensor TransformerEncoder::forward(const Tensor& x_in, const Tensor& key_padding
   return final_norm(x);
 }
 
-Tensor TransformerEncoder::backward(const Tensor& dy) {
+Tensor TransformerEncoder::backward(const Tensor& dy, const std::vector<Tensor>& dweights) {
+  if (!dweights.empty() && dweights.size() != layers.size())
+    raise<ValueError>("mha::nn::TransformerEncoder::backward", "dweights",
+                      "one tensor (or none) per layer (" + std::to_string(layers.size()) + ")",
+                      std::to_string(dweights.size()));
   Tensor g = final_norm_backward(dy);
-  for (size_t i = layers.size(); i-- > 0;) g = layers[i]->backward(g);
+  for (size_t i = layers.size(); i-- > 0;) g = layers[i]->backward(g, dweights.empty() ? Tensor() : dweights[i]);
   position_bias_backward();
   return g;
 }

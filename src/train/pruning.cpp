@@ -18,11 +18,6 @@ nn::EncoderDecoderModel* encoder_decoder(TaskModel& model) {
   return ed ? &ed->model() : nullptr;
 }
 
-nn::LanguageModel& language_model(TaskModel& model) {
-  if (auto* d = dynamic_cast<DecoderOnly*>(&model)) return d->model();
-  return dynamic_cast<EncoderOnly&>(model).model();
-}
-
 template <class Stack>
 HeadLists stack_ids(const Stack& stack, bool cross = false) {
   HeadLists out;
@@ -49,7 +44,7 @@ HeadLists head_ids(TaskModel& model, const std::string& site) {
   check_site(model, site, "mha::train::head_ids");
   if (nn::EncoderDecoderModel* ed = encoder_decoder(model))
     return site == "encoder" ? stack_ids(ed->encoder) : stack_ids(ed->decoder, site == "cross");
-  return stack_ids(language_model(model).transformer);
+  return stack_ids(language_model(model)->transformer);
 }
 
 void prune_heads(TaskModel& model, const std::string& site, int64_t layer, const std::vector<int64_t>& ids) {
@@ -58,7 +53,7 @@ void prune_heads(TaskModel& model, const std::string& site, int64_t layer, const
     ed->prune_heads(site == "encoder" ? nn::Site::encoder : site == "decoder" ? nn::Site::decoder : nn::Site::cross,
                     layer, ids);
   else
-    language_model(model).prune_heads(layer, ids);
+    language_model(model)->prune_heads(layer, ids);
   model.release_activations();
 }
 

@@ -209,4 +209,10 @@ std::unique_ptr<TaskModel> make_task_model(Architecture architecture, const nn::
       gen));
 }
 
+nn::LanguageModel* language_model(TaskModel& model) {
+  if (auto* d = dynamic_cast<DecoderOnly*>(&model)) return &d->model();
+  if (auto* e = dynamic_cast<EncoderOnly*>(&model)) return &e->model();
+  return nullptr;
+}
+
 }  // namespace mha::train

@@ -88,11 +88,11 @@ void scale(Tensor& t, double factor) {
   }
 }
 
+}  // namespace
+
 int64_t target_count(const Batch& b) {
   return int64_t(std::count_if(b.targets.begin(), b.targets.end(), [](int64_t t) { return t >= 0; }));
 }
-
-}  // namespace
 
 void guard_step(const char* fn, int64_t step, double loss, double norm, const std::vector<nn::NamedParameter>& params) {
   if (std::isfinite(loss) && std::isfinite(norm)) return;
@@ -111,15 +111,21 @@ void guard_step(const char* fn, int64_t step, double loss, double norm, const st
 
 // Micro-batch i contributes (its mean loss gradient) · count_i / Σ count, so
 // the sum is the gradient of the mean over every target of the step.
-StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro) {
-  if (micro < 1) raise<ValueError>("mha::train::accumulate_gradients", "micro_batch", ">= 1", std::to_string(micro));
+std::vector<Batch> micro_batches(TaskModel& model, const std::vector<Example>& examples, int64_t micro, int64_t& targets) {
+  if (micro < 1) raise<ValueError>("mha::train::micro_batches", "micro_batch", ">= 1", std::to_string(micro));
   std::vector<Batch> batches;
-  int64_t total = 0;
+  targets = 0;
   for (size_t first = 0; first < examples.size(); first += size_t(micro)) {
     const auto last = examples.begin() + int64_t(std::min(examples.size(), first + size_t(micro)));
     batches.push_back(model.make_batch({examples.begin() + int64_t(first), last}));
-    total += target_count(batches.back());
+    targets += target_count(batches.back());
   }
+  return batches;
+}
+
+StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro) {
+  int64_t total = 0;
+  const std::vector<Batch> batches = micro_batches(model, examples, micro, total);
   StepLoss r;
   model.zero_grad();
   for (const Batch& b : batches) {
@@ -150,13 +156,15 @@ bool finish_step(const TrainConfig& c, int64_t step, double loss, int64_t count,
 
 TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
                   const std::function<void(const TrainProgress&)>& on_progress, TrainState* state,
-                  const std::function<void(const TrainState&)>& on_checkpoint) {
+                  const std::function<void(const TrainState&)>& on_checkpoint, const GradientFn& gradients,
+                  const std::vector<nn::NamedParameter>& extra) {
   using clock = std::chrono::steady_clock;
   const char* fn = "mha::train::train";
   if (c.accumulate < 1) raise<ValueError>(fn, "config.accumulate", ">= 1", std::to_string(c.accumulate));
   if (c.batch_size < 1) raise<ValueError>(fn, "config.batch_size", ">= 1", std::to_string(c.batch_size));
   Generator gen(c.seed);
   std::vector<nn::NamedParameter> params = model.named_parameters();
+  params.insert(params.end(), extra.begin(), extra.end());
   // One block of parameters, one of gradients: AdamW and clipping sweep each once a step.
   if (!params.empty() && !nn::flat_parameters_of(params)) nn::flatten_parameters(params);
   optim::AdamW opt(params, {.lr = c.lr, .weight_decay = c.weight_decay});
@@ -190,7 +198,8 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
     std::vector<Example> examples;
     for (int64_t i = 0; i < c.batch_size * c.accumulate; ++i) examples.push_back(data.sample(gen));
     opt.set_lr(optim::warmup_cosine(step, c.warmup, c.steps, c.lr, c.min_lr));
-    const StepLoss loss = accumulate_gradients(model, examples, c.batch_size);
+    for (const nn::NamedParameter& p : extra) p.grad->fill_(0.0);
+    const StepLoss loss = gradients ? gradients(examples, c.batch_size) : accumulate_gradients(model, examples, c.batch_size);
     const double norm = optim::clip_grad_norm(params, c.clip);
     // The guard: a step whose loss or gradient is not finite would write NaN
     // into every parameter. Stop before the update, naming what went wrong.

@@ -70,7 +70,12 @@ class LanguageModel : public Module {
   // need_weights: keep each layer's per-head attention weights, (B, H, L, L),
   // in attention_weights() (for pictures; costs O(L²) per head).
   Tensor forward(const Tensor& ids, bool need_weights = false);
-  void backward(const Tensor& dlogits);
+  // dhidden: an extra gradient of last_hidden() (a loss on the hidden states,
+  // as distillation's); dweights: per layer, the gradient of
+  // attention_weights()[i] (a loss on the attention).
+  void backward(const Tensor& dlogits, const Tensor& dhidden = {}, const std::vector<Tensor>& dweights = {});
+  // What the head read in the last forward: the final hidden states (B, L, D).
+  const Tensor& last_hidden() const { return hidden_; }
   const std::vector<Tensor>& attention_weights() const { return transformer.attention_weights(); }
 
   // Incremental decoding with a KV cache per layer (inference; run in eval
@@ -94,7 +99,8 @@ class LanguageModel : public Module {
 
  private:
   LanguageModelConfig config_;
-  Tensor ids_;  // the last forward's, for the embeddings' backward
+  Tensor ids_;     // the last forward's, for the embeddings' backward
+  Tensor hidden_;  // the last forward's final hidden states
 };
 
 }  // namespace mha::nn

@@ -101,7 +101,8 @@ class TransformerEncoderLayer : public Module {
   void release_activations() override;
 
   Tensor forward(const Tensor& src, const EncoderInputs& inputs = {});
-  Tensor backward(const Tensor& dy);
+  // dweights: the gradient of last_attention_weights() when a loss used them.
+  Tensor backward(const Tensor& dy, const Tensor& dweights = {});
   // (N, H, S, S) weights of the last forward with need_weights (else undefined).
   const Tensor& last_attention_weights() const { return weights_; }
   // The last backward's gradient of inputs.attn_bias (when attn_bias_grad).

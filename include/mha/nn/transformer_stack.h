@@ -112,7 +112,8 @@ class TransformerEncoder : public TransformerStack<TransformerEncoderLayer> {
   // x (B, L, D) → (B, L, D). key_padding_mask (B, L) bool, true = padding
   // (attended to by no query), or undefined.
   Tensor forward(const Tensor& x, const Tensor& key_padding_mask = {}, bool need_weights = false);
-  Tensor backward(const Tensor& dy);
+  // dweights: per layer, the gradient of attention_weights()[i] (or none).
+  Tensor backward(const Tensor& dy, const std::vector<Tensor>& dweights = {});
 
   // Decoding with a KV cache per layer (causal stacks; inference): begin,
   // then decode_step(x (B, L_new, D)) for the next positions, equal to those

@@ -154,6 +154,9 @@ class EncoderOnly : public TaskModelOf<nn::LanguageModel> {
 // A new model of `architecture`: a LanguageModel of `model` (bidirectional
 // for the encoder), or an EncoderDecoderModel whose decoder is `model` and
 // whose encoder has num_encoder_layers layers.
+// The network of a decoder-only or encoder model; nullptr for an encoder-decoder.
+nn::LanguageModel* language_model(TaskModel& model);
+
 std::unique_ptr<TaskModel> make_task_model(Architecture architecture, const nn::LanguageModelConfig& model,
                                            int64_t num_encoder_layers, Generator& gen,
                                            const std::vector<std::vector<int64_t>>& encoder_heads = {},

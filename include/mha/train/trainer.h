@@ -62,12 +62,25 @@ struct TrainResult {
 void guard_step(const char* fn, int64_t step, double loss, double grad_norm,
                 const std::vector<nn::NamedParameter>& params);
 
+// One step's loss and counts.
+struct StepLoss {
+  double loss = 0;
+  int64_t count = 0, correct = 0, tokens = 0;  // targets, right argmaxes, tokens run
+};
+
 // A step whose loss or gradient norm is not finite throws NumericalError
 // naming the step and the first parameter whose gradient is not finite,
 // before the update: the parameters stay those of the step before.
+// gradients: one step's gradients of `examples` in micro-batches (the
+// parameters' gradients zeroed first) and its loss; default
+// accumulate_gradients, the cross-entropy on the labels (distill.h passes its
+// own). extra: parameters trained beside the model's (after them in the
+// state's moments), e.g. distillation's projection.
+using GradientFn = std::function<StepLoss(const std::vector<Example>& examples, int64_t micro_batch)>;
 TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& config,
                   const std::function<void(const TrainProgress&)>& on_progress = {}, TrainState* state = nullptr,
-                  const std::function<void(const TrainState&)>& on_checkpoint = {});
+                  const std::function<void(const TrainState&)>& on_checkpoint = {}, const GradientFn& gradients = {},
+                  const std::vector<nn::NamedParameter>& extra = {});
 
 // The bookkeeping every training loop shares, after step `step` (0-based):
 // fills a TrainProgress from the step's loss and the running totals, calls
@@ -81,11 +94,12 @@ bool finish_step(const TrainConfig& config, int64_t step, double loss, int64_t c
 // One step's gradients: zeroes the model's gradients, then runs `examples` as
 // micro-batches of micro_batch and accumulates the gradient of the mean loss
 // over all their targets (equal, up to rounding, to one batch of them all).
-struct StepLoss {
-  double loss = 0;
-  int64_t count = 0, correct = 0, tokens = 0;  // targets, right argmaxes, tokens run
-};
 StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro_batch);
+// The rows of a batch with a label (targets ≥ 0).
+int64_t target_count(const Batch& batch);
+// examples as batches of micro_batch (≥ 1) for `model`; their labelled rows in all into `targets`.
+std::vector<Batch> micro_batches(TaskModel& model, const std::vector<Example>& examples, int64_t micro_batch,
+                                 int64_t& targets);
 
 // Greedy decoding with KV caches (TaskModel::start_decoding, decode_step):
 // the output tokens of each input, up to EOS or max_new.
