@@ -194,3 +194,64 @@ TEST(HeadReport, BatchesAndBadArguments) {
   expect_error<ValueError>([&] { train::head_report(*model, {}, 3); }, {"head_report", "examples"});
   expect_error<ValueError>([&] { train::head_report(*model, data.heldout(), 0); }, {"head_report", "batch"});
 }
+
+namespace {
+
+// A decoder-only model whose attention (what the head report reads) is
+// scripted: layer 0 head 0 on the previous token, layer 0 head 1 uniform;
+// on the rows that predict the answer, layer 1 head 0 at offset n (copy)
+// and layer 1 head 1 on the anti-diagonal i + j = 2n + 2 (reverse), uniform
+// on the other rows.
+class ScriptedAttention : public train::DecoderOnly {
+ public:
+  using DecoderOnly::DecoderOnly;
+  std::vector<train::AttentionView> attention(const std::vector<int64_t>& input,
+                                              const std::vector<int64_t>& output) override {
+    const int64_t n = int64_t(input.size()), L = 2 + n + int64_t(output.size());
+    std::vector<int64_t> tokens{train::kBos};
+    tokens.insert(tokens.end(), input.begin(), input.end());
+    tokens.push_back(train::kSep);
+    tokens.insert(tokens.end(), output.begin(), output.end());
+    std::vector<Tensor> layers{Tensor::zeros({2, L, L}, DType::float64), Tensor::zeros({2, L, L}, DType::float64)};
+    for (int64_t i = 0; i < L; ++i) {
+      const bool answer = i >= n + 1 && i < n + 1 + int64_t(output.size());
+      for (int64_t j = 0; j <= i; ++j) {
+        layers[0].set_item({1, i, j}, 1.0 / double(i + 1));
+        for (int64_t h = 0; h < 2; ++h) layers[1].set_item({h, i, j}, answer ? 0.0 : 1.0 / double(i + 1));
+      }
+      layers[0].set_item({0, i, std::max<int64_t>(i - 1, 0)}, 1.0);
+      if (answer) {
+        layers[1].set_item({0, i, i - n}, 1.0);
+        layers[1].set_item({1, i, 2 * n + 2 - i}, 1.0);
+      }
+    }
+    return {{"self-attention", "self", layers, tokens, tokens}};
+  }
+};
+
+}  // namespace
+
+// Positional heads: a fixed offset (the previous token), and the patterns
+// that the input's length n fixes (copy's offset n, reverse's mirror), over
+// examples of several lengths; a uniform head is none of them.
+TEST(HeadReport, LabelsPositionalHeads) {
+  const train::TaskData data({.task = train::Task::reverse, .min_length = 3, .max_length = 7, .heldout = 20}, 5);
+  Generator g(6);
+  LanguageModelConfig c = tiny_model(DType::float32);
+  c.nhead = 2;  // as the script's
+  ScriptedAttention model(std::make_unique<LanguageModel>(c, g));
+  const train::HeadReport report = train::head_report(model, data.heldout(), 8);
+  const std::vector<std::vector<train::HeadStats>>& heads = report.sites[0].heads;
+  ASSERT_EQ(heads.size(), 2u);
+  EXPECT_TRUE(heads[0][0].positional);
+  EXPECT_EQ(heads[0][0].pattern, "previous token");
+  EXPECT_EQ(heads[0][0].offset, 1);
+  EXPECT_FALSE(heads[0][1].positional);
+  EXPECT_EQ(heads[0][1].pattern, "");
+  EXPECT_TRUE(heads[1][0].positional);
+  EXPECT_EQ(heads[1][0].pattern, "offset n");
+  EXPECT_LT(heads[1][0].offset_share, 0.9);  // no one offset serves every length
+  EXPECT_NEAR(heads[1][0].pattern_share, 1.0, 1e-12);
+  EXPECT_TRUE(heads[1][1].positional);
+  EXPECT_EQ(heads[1][1].pattern, "mirror: i + j = 2n + 2");
+}

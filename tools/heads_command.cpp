@@ -17,11 +17,15 @@ namespace mha::tools {
 namespace {
 
 std::string label(const train::HeadStats& h) {
-  if (!h.positional) return "";
-  if (h.offset == 0) return "positional: itself";
-  if (h.offset == 1) return "positional: previous token";
-  std::string s = "positional: offset ";  // appended: GCC 12 warns (-Wrestrict) on "…" + to_string
-  s += std::to_string(h.offset);
+  std::string s;
+  if (!h.positional) return s;
+  s = "positional: ";  // appended: GCC 12 warns (-Wrestrict) on "…" + string
+  s += h.pattern;
+  if (h.pattern_share > 0) {  // a pattern of the input length: its own share (the columns are the fixed offset's)
+    char share[32];
+    std::snprintf(share, sizeof share, " (%.2f)", h.pattern_share);
+    s += share;
+  }
   return s;
 }
 

@@ -81,12 +81,13 @@ int run_train(TrainCommand& cmd) {
   std::string earlier_metrics;
   std::vector<std::vector<int64_t>> encoder_heads, cross_heads;  // an encoder-decoder's
   std::optional<TeacherRun> teacher;
+  uint64_t data_seed = cmd.train.seed;  // the task data's (its held-out split); the checkpoint records it
   if (!cmd.teacher.empty()) teacher.emplace(cmd.teacher, cmd.distill);
   const char* name = teacher ? "mha distill" : "mha train";
   if (!cmd.resume.empty()) {
     train::LoadedCheckpoint loaded = load(cmd.resume, {}, true);
     if (teacher) teacher->resume(cmd.resume, *loaded.model, loaded.info, *loaded.state);
-    cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, cmd.train.seed = loaded.info.seed;
+    cmd.model = loaded.info.model, cmd.task_config = loaded.info.task, data_seed = loaded.info.seed;
     cmd.task = train::to_string(cmd.task_config.task);
     architecture = loaded.info.architecture, cmd.encoder_layers = loaded.info.num_encoder_layers;
     encoder_heads = loaded.info.encoder_heads, cross_heads = loaded.info.cross_heads;
@@ -99,7 +100,7 @@ int run_train(TrainCommand& cmd) {
     if (teacher) {  // the teacher's task, data split and architecture
       cmd.task_config = teacher->teacher.info.task, cmd.task = train::to_string(cmd.task_config.task);
       cmd.architecture = train::to_string(teacher->teacher.info.architecture);
-      cmd.train.seed = teacher->teacher.info.seed;
+      data_seed = teacher->teacher.info.seed;  // the teacher's held-out split; --seed draws the rest
     }
     cmd.task_config.task = train::parse_task(cmd.task);
     cmd.model.position = nn::parse_position(cmd.position);
@@ -125,7 +126,7 @@ int run_train(TrainCommand& cmd) {
     nn::initialize(*model, nn::parse_init(cmd.init), gen);
     if (teacher) teacher->check_student(*model, {.model = cmd.model, .task = cmd.task_config});
   }
-  const train::TaskData data(cmd.task_config, cmd.train.seed);
+  const train::TaskData data(cmd.task_config, data_seed);
   // One-token answers (ListOps): what always giving the most common one scores.
   double baseline = -1;
   if (cmd.task_config.task == train::Task::listops) {
@@ -155,7 +156,7 @@ int run_train(TrainCommand& cmd) {
     std::filesystem::create_directories(cmd.out);
     const train::TrainState student = teacher ? teacher->save(cmd.out, s) : s;
     train::save_checkpoint(cmd.out, *model,
-                           {.model = cmd.model, .task = cmd.task_config, .seed = cmd.train.seed, .steps = s.step,
+                           {.model = cmd.model, .task = cmd.task_config, .seed = data_seed, .steps = s.step,
                             .architecture = architecture, .num_encoder_layers = cmd.encoder_layers},
                            &student);
   };

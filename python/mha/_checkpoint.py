@@ -112,7 +112,9 @@ class TokenModel:
         Michel et al. 2019), entropy, confidence and favourite offset, as `mha heads` prints
         them: by attention kind ('self'; or 'encoder', 'decoder', 'cross'), a dict of
         (layers, nhead) arrays by head id: importance, entropy, confidence, offset, offset_share,
-        positional (a pruned head's: NaN, 0, False), and 'heads': the ids each layer has."""
+        positional (a pruned head's: NaN, 0, False), 'pattern' (what a positional head attends to, as
+        `mha heads` labels it: "previous token", "offset n", "mirror: i + j = 2n + 2", ...; "" for the
+        others) and 'heads': the ids each layer has."""
         return {site.pop("name"): site for site in self._model.heads(examples, batch)}
 
     def evaluate(self, min_length: int = 0, max_length: int = 0) -> dict:

@@ -135,16 +135,19 @@ py::list token_heads(TokenModel& m, int64_t examples, int64_t batch) {
     const size_t cells = size_t(layers * heads);
     std::vector<double> importance(cells, NAN), entropy(cells, NAN), confidence(cells, NAN), share(cells, NAN);
     std::vector<double> offset(cells, 0.0), positional(cells, 0.0);
+    std::vector<std::vector<std::string>> pattern(static_cast<size_t>(layers), std::vector<std::string>(static_cast<size_t>(heads)));
     for (size_t l = 0; l < site.heads.size(); ++l)
       for (size_t j = 0; j < site.heads[l].size(); ++j) {
         const train::HeadStats& h = site.heads[l][j];
         const size_t at = l * size_t(heads) + size_t(site.ids[l][j]);
         importance[at] = h.importance, entropy[at] = h.entropy, confidence[at] = h.confidence;
         share[at] = h.offset_share, offset[at] = double(h.offset), positional[at] = h.positional;
+        pattern[l][size_t(site.ids[l][j])] = h.pattern;
       }
     py::dict d;
     d["name"] = site.name;
     d["heads"] = site.ids;
+    d["pattern"] = pattern;
     const auto grid = [&](const std::vector<double>& v, DType dtype) {
       return to_numpy(Tensor::from_values(v, {layers, heads}).to(dtype));
     };

@@ -211,7 +211,7 @@ StepLoss Distiller::operator()(const std::vector<Example>& examples, int64_t mic
   student.zero_grad();
   for (const Batch& b : batches) {
     const Tensor ids = token_tensor(b.ids, b.rows, b.length), targets = token_tensor(b.targets, b.rows, b.length);
-    const Tensor teacher_logits = t.forward(ids, attend);
+    const Tensor teacher_logits = t.forward(ids, attend).clone();
     const Tensor teacher_weights = attend ? t.attention_weights().back() : Tensor();
     const Tensor teacher_hidden = t.last_hidden();
     t.release_activations();

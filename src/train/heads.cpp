@@ -33,15 +33,56 @@ void collect(std::vector<AttentionSite>& sites, std::vector<std::vector<std::vec
 }
 
 // Entropy, confidence and offsets of one example's weights (H, queries, keys), added to the layer's sums.
+// Per example too, over the rows that predict the answer, keyed by the input length n: the share at
+// offset d keyed d − n, and at i + j = c keyed c − 2n (a pattern fixed once the length is known:
+// copy's offset, reverse's mirror).
 struct LayerSums {
+  explicit LayerSums(size_t H)
+      : entropy(H), confidence(H), rows(H), offset_weight(H), offset_rows(H), relative(H), mirror(H) {}
   std::vector<double> entropy, confidence, rows;
   std::vector<std::map<int64_t, double>> offset_weight;
   std::vector<std::map<int64_t, int64_t>> offset_rows;
+  std::vector<std::map<int64_t, std::pair<double, int64_t>>> relative, mirror;  // key → (Σ share, examples)
+  int64_t examples = 0;
 };
 
-void add_weights(const Tensor& weights, bool self, LayerSums& sums) {
+// This example's share of each offset (line i − j = d) or each anti-diagonal (i + j = c) of head h:
+// the mean weight on it over rows [first, last) that have a key on it, for lines at least a quarter of
+// those rows have.
+std::map<int64_t, double> line_shares(const double* w, int64_t Lk, int64_t first, int64_t last, bool anti) {
+  std::map<int64_t, std::pair<double, int64_t>> sums;
+  for (int64_t i = first; i < last; ++i)
+    for (int64_t j = 0; j < Lk; ++j) {
+      auto& s = sums[anti ? i + j : i - j];
+      s.first += w[i * Lk + j], ++s.second;
+    }
+  std::map<int64_t, double> out;
+  for (const auto& [line, s] : sums)
+    if (double(s.second) >= 0.25 * double(last - first)) out[line] = s.first / double(s.second);
+  return out;
+}
+
+// The rows that predict the answer: from the separator on, one per output token (BOS input SEP
+// output: the separator predicts the first); every row where the queries hold no separator.
+std::pair<int64_t, int64_t> answer_rows(const AttentionView& view, const Example& e) {
+  const auto sep = std::find(view.queries.begin(), view.queries.end(), kSep);
+  const int64_t L = int64_t(view.queries.size());
+  if (sep == view.queries.end()) return {0, L};
+  const int64_t first = int64_t(sep - view.queries.begin());
+  return {first, std::min(L, first + int64_t(e.output.size()))};
+}
+
+void add_weights(const Tensor& weights, bool self, int64_t input_length, std::pair<int64_t, int64_t> rows,
+                 LayerSums& sums) {
   const int64_t H = weights.size(0), Lq = weights.size(1), Lk = weights.size(2);
   const std::vector<double> w = weights.contiguous().to_vector();
+  ++sums.examples;
+  for (int64_t h = 0; h < H && self && rows.second > rows.first; ++h)
+    for (bool anti : {false, true})
+      for (const auto& [line, share] : line_shares(&w[size_t(h * Lq * Lk)], Lk, rows.first, rows.second, anti)) {
+        auto& s = (anti ? sums.mirror : sums.relative)[size_t(h)][line - (anti ? 2 : 1) * input_length];
+        s.first += share, ++s.second;
+      }
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < Lq; ++i) {
       const double* row = &w[size_t((h * Lq + i) * Lk)];
@@ -110,11 +151,9 @@ HeadReport head_report(TaskModel& model, const std::vector<Example>& examples, i
     for (const AttentionView& view : model.attention(e.input, e.output)) {
       std::vector<LayerSums>& layers = weights[view.short_name];
       for (size_t l = 0; l < view.weights.size(); ++l) {
-        const size_t H = size_t(view.weights[l].size(0));
-        if (layers.size() <= l) layers.push_back({std::vector<double>(H), std::vector<double>(H), std::vector<double>(H),
-                                                  std::vector<std::map<int64_t, double>>(H),
-                                                  std::vector<std::map<int64_t, int64_t>>(H)});
-        add_weights(view.weights[l], view.short_name != "cross", layers[l]);
+        if (layers.size() <= l) layers.emplace_back(size_t(view.weights[l].size(0)));
+        add_weights(view.weights[l], view.short_name != "cross", int64_t(e.input.size()), answer_rows(view, e),
+                    layers[l]);
       }
     }
 
@@ -134,7 +173,7 @@ HeadReport head_report(TaskModel& model, const std::vector<Example>& examples, i
         st.importance = norm > 0 ? imp[h] / norm : 0.0;
         if (found == weights.end() || found->second.size() <= l) continue;
         const LayerSums& w = found->second[l];
-        if (w.rows[h] == 0) continue;
+        if (h >= w.rows.size() || w.rows[h] == 0) continue;  // a view with fewer heads, or no rows
         st.entropy = w.entropy[h] / w.rows[h], st.confidence = w.confidence[h] / w.rows[h];
         for (const auto& [offset, total] : w.offset_weight[h]) {
           const double share = total / double(w.offset_rows[h].at(offset));
@@ -143,6 +182,21 @@ HeadReport head_report(TaskModel& model, const std::vector<Example>& examples, i
           if (share > st.offset_share) st.offset_share = share, st.offset = offset;
         }
         st.positional = st.offset_share >= 0.9;
+        if (st.positional) {
+          st.pattern = st.offset == 0 ? "itself" : st.offset == 1 ? "previous token" : "offset " + std::to_string(st.offset);
+          continue;
+        }
+        // Patterns fixed per input length n, over every example (the mean of their shares).
+        for (bool anti : {false, true})
+          for (const auto& [key, sum] : (anti ? w.mirror : w.relative)[h]) {
+            if (sum.second < w.examples || st.positional) continue;
+            const double share = sum.first / double(sum.second);
+            if (share < 0.9) continue;
+            st.positional = true, st.pattern_share = share;
+            const std::string k = (key < 0 ? " - " : " + ") + std::to_string(std::abs(key));
+            st.pattern = anti ? "mirror: i + j = 2n" + k : "offset n" + k;
+            if (key == 0) st.pattern = anti ? "mirror: i + j = 2n" : "offset n";
+          }
       }
       site.heads.push_back(std::move(heads));
     }

@@ -122,6 +122,7 @@ def test_a_pruned_checkpoint(runs, tmp_path):
     assert sorted(len(ids) for ids in r["heads"]) == [1, 2]
     gone = [(l, h) for l in range(2) for h in range(2) if h not in r["heads"][l]]
     assert len(gone) == 1 and np.isnan(r["importance"][gone[0]])
+    assert r["pattern"][gone[0][0]][gone[0][1]] == "" and len(r["pattern"]) == 2
     assert np.isfinite(np.delete(r["importance"].ravel(), gone[0][0] * 2 + gone[0][1])).all()
     weights = model.attention("3 1 4")["self"].weights  # (layers, nhead, q, k) by id
     assert weights.shape[:2] == (2, 2) and np.isnan(weights[gone[0]]).all()

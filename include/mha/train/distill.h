@@ -26,7 +26,7 @@
 namespace mha::train {
 
 struct DistillConfig {
-  double temperature = 2.0;       // T > 0
+  double temperature = 1.0;       // T > 0 (T = 2 slowed students on addition: docs/compression.md)
   double alpha = 0.5;             // in [0, 1]: the soft targets' share
   double attention_weight = 0.0;  // β_a ≥ 0 (0: no attention transfer)
   double hidden_weight = 0.0;     // β_h ≥ 0 (0: no hidden transfer)

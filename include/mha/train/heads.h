@@ -10,7 +10,11 @@
 // Positional heads: for offset d (query position − key position, self-
 // attention only), the mean over rows of the weight on key i − d; a head
 // whose best offset takes ≥ 90% of the weight is positional (d = 1: the
-// previous token, d = 0: itself).
+// previous token, d = 0: itself). Patterns set by the input's length n count
+// too: an offset n + c the same for every example (what copies), or keys on
+// the anti-diagonal i + j = 2n + c (what reverses), each with ≥ 90% of the
+// weight of the rows that predict the answer (from the separator on, one
+// per output token), on average over every example.
 #pragma once
 
 #include <string>
@@ -34,7 +38,13 @@ struct HeadStats {
   double entropy = 0, confidence = 0;
   int64_t offset = 0;         // the offset with the most weight (self-attention)
   double offset_share = 0;    // the mean weight there
-  bool positional = false;    // offset_share >= 0.9
+  bool positional = false;    // offset_share >= 0.9, or a pattern of the input length (below)
+  // What it attends to, when positional: "itself", "previous token",
+  // "offset d"; or, over examples of input length n, "offset n + c" (every
+  // row's weight at i − j = n + c: copy) or "mirror: i + j = 2n + c"
+  // (reverse), each with a mean share ≥ 0.9 (pattern_share).
+  std::string pattern;
+  double pattern_share = 0;
 };
 
 struct SiteReport {
