@@ -106,14 +106,15 @@ train::TrainState TeacherRun::save(const std::string& dir, const train::TrainSta
 std::string TeacherRun::describe(int64_t student_parameters, double heldout) const {
   int64_t n = 0;
   for (const nn::NamedParameter& p : teacher.model->named_parameters()) n += p.value->numel();
-  char line[512];
+  char line[512], attention[64] = "", hidden[64] = "";
+  if (settings.attention_weight > 0)
+    std::snprintf(attention, sizeof attention, ", attention transfer x%g", settings.attention_weight);
+  if (settings.hidden_weight > 0) std::snprintf(hidden, sizeof hidden, ", hidden transfer x%g", settings.hidden_weight);
   std::snprintf(line, sizeof line,
                 "mha distill: teacher %s (%lld parameters, held-out exact match %s); student %.2fx its parameters; "
                 "temperature %g, alpha %g%s%s",
                 teacher_dir.c_str(), (long long)n, percent(heldout).c_str(), double(student_parameters) / double(n),
-                settings.temperature, settings.alpha,
-                settings.attention_weight > 0 ? (", attention transfer x" + std::to_string(settings.attention_weight)).c_str() : "",
-                settings.hidden_weight > 0 ? (", hidden transfer x" + std::to_string(settings.hidden_weight)).c_str() : "");
+                settings.temperature, settings.alpha, attention, hidden);
   return line;
 }
 
