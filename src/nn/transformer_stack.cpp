@@ -123,19 +123,8 @@ void TransformerStack<Layer>::position_bias_backward() {
   // (1, H, L, L): the shared bias collects every layer's gradient, each
   // layer's planes onto its heads' ids.
   Tensor dbias;
-  for (size_t i = layers.size(); i-- > 0;) {
-    const Tensor& g = layers[i]->attn_bias_grad();
-    const std::vector<int64_t> ids = head_ids(int64_t(i));
-    if (int64_t(ids.size()) == config_.layer.nhead) {
-      dbias = add_or_first(dbias, g);
-      continue;
-    }
-    Shape shape = g.shape();
-    shape[1] = config_.layer.nhead;
-    Tensor spread = Tensor::zeros(shape, g.dtype());
-    for (size_t j = 0; j < ids.size(); ++j) spread.select(1, ids[j]).copy_(g.select(1, int64_t(j)));
-    dbias = add_or_first(dbias, spread);
-  }
+  for (size_t i = layers.size(); i-- > 0;)
+    dbias = add_or_first(dbias, heads_by_id(layers[i]->attn_bias_grad(), 1, head_ids(int64_t(i)), config_.layer.nhead, 0.0));
   relative_attention_bias->backward(dbias.select(0, 0).permute({1, 2, 0}));
 }
 
@@ -166,6 +155,15 @@ void TransformerStack<Layer>::check_decode_batch(const Tensor& x, const char* fn
   if (decoded_length() > 0 && x.size(0) != caches_[0].key.size(0))
     raise<ShapeError>(fn, "x", "batch size " + std::to_string(caches_[0].key.size(0)) + " (the sequence's so far)",
                       shape_string(x.shape()));
+}
+
+Tensor heads_by_id(const Tensor& t, int64_t dim, const std::vector<int64_t>& ids, int64_t nhead, double fill) {
+  if (int64_t(ids.size()) == nhead) return t;
+  Shape shape = t.shape();
+  shape[size_t(dim)] = nhead;
+  Tensor out = Tensor::full(shape, fill, t.dtype());
+  for (size_t j = 0; j < ids.size(); ++j) out.select(dim, ids[j]).copy_(t.select(dim, int64_t(j)));
+  return out;
 }
 
 std::vector<int64_t> all_heads(int64_t n) {

@@ -27,12 +27,7 @@ std::vector<bool> row_flags(const Tensor& rows, int64_t B, int64_t L, const char
   return {v.begin(), v.end()};
 }
 
-// t · factor, in t's dtype; into: += t · factor.
-Tensor scaled(const Tensor& t, double factor) {
-  std::vector<double> v = t.contiguous().to_vector();
-  for (double& x : v) x *= factor;
-  return Tensor::from_values(v, t.shape(), t.dtype());
-}
+// into += t · factor.
 void add_scaled(Tensor& into, const Tensor& t, double factor) {
   const std::vector<double> v = t.contiguous().to_vector();
   for (int64_t i = 0; i < into.numel(); ++i)
@@ -225,16 +220,19 @@ StepLoss Distiller::operator()(const std::vector<Example>& examples, int64_t mic
       Tensor d;
       loss += config.attention_weight * attention_transfer(s.attention_weights().back(), teacher_weights, rows, &d);
       dweights.assign(s.attention_weights().size(), Tensor());
-      dweights.back() = scaled(d, config.attention_weight * share);
+      scale_gradient(d, config.attention_weight * share);
+      dweights.back() = d;
     }
     Tensor dhidden;
     if (hide) {
       Tensor dh, dw;
       loss += config.hidden_weight * hidden_transfer(s.last_hidden(), teacher_hidden, *projection, rows, &dh, &dw);
-      dhidden = scaled(dh, config.hidden_weight * share);
+      scale_gradient(dh, config.hidden_weight * share);
+      dhidden = dh;
       add_scaled(*projection_grad, dw, config.hidden_weight * share);
     }
-    s.backward(scaled(ld.dlogits, share), dhidden, dweights);
+    scale_gradient(ld.dlogits, share);
+    s.backward(ld.dlogits, dhidden, dweights);
     r.loss += loss * share, r.count += ld.count, r.correct += ld.correct, r.tokens += b.rows * b.length;
   }
   return r;

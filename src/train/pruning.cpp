@@ -77,16 +77,9 @@ int64_t count_heads(TaskModel& model) {
 
 std::vector<Tensor> weights_by_id(const std::vector<Tensor>& weights, const HeadLists& ids, int64_t nhead) {
   std::vector<Tensor> out;
-  for (size_t l = 0; l < weights.size(); ++l) {
-    const Tensor& w = weights[l];
-    if (l >= ids.size() || int64_t(ids[l].size()) == nhead || w.dim() != 3) {
-      out.push_back(w);
-      continue;
-    }
-    Tensor full = Tensor::full({nhead, w.size(1), w.size(2)}, NAN, w.dtype());
-    for (size_t j = 0; j < ids[l].size(); ++j) full.select(0, ids[l][j]).copy_(w.select(0, int64_t(j)));
-    out.push_back(full);
-  }
+  for (size_t l = 0; l < weights.size(); ++l)
+    out.push_back(l < ids.size() && weights[l].dim() == 3 ? nn::heads_by_id(weights[l], 0, ids[l], nhead, NAN)
+                                                          : weights[l]);
   return out;
 }
 

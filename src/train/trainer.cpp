@@ -77,8 +77,9 @@ double exact_match(TaskModel& model, const std::vector<Example>& examples) {
 
 namespace {
 
-// dlogits *= factor (a micro-batch's share of the accumulated mean).
-void scale(Tensor& t, double factor) {
+}  // namespace
+
+void scale_gradient(Tensor& t, double factor) {
   if (t.dtype() == DType::float64) {
     double* x = t.data<double>();
     for (int64_t i = 0; i < t.numel(); ++i) x[i] *= factor;
@@ -87,8 +88,6 @@ void scale(Tensor& t, double factor) {
     for (int64_t i = 0; i < t.numel(); ++i) x[i] *= float(factor);
   }
 }
-
-}  // namespace
 
 int64_t target_count(const Batch& b) {
   return int64_t(std::count_if(b.targets.begin(), b.targets.end(), [](int64_t t) { return t >= 0; }));
@@ -132,7 +131,7 @@ StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& exam
     const Tensor logits = model.forward(b);
     nn::CrossEntropyResult loss = nn::cross_entropy(logits, token_tensor(b.targets, b.rows, b.length));
     const double share = total ? double(loss.count) / double(total) : 0.0;
-    scale(loss.dlogits, share);
+    scale_gradient(loss.dlogits, share);
     model.backward(loss.dlogits);
     r.loss += loss.loss * share, r.count += loss.count, r.correct += loss.correct, r.tokens += b.rows * (b.source_length + b.length);
   }

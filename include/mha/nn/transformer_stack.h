@@ -43,6 +43,9 @@ struct TransformerStackConfig {
 
 // 0 … n − 1.
 std::vector<int64_t> all_heads(int64_t n);
+// t's planes along dim (one per head, the heads `ids`) placed by id into
+// nhead planes, the missing heads' planes `fill`; t itself when it has all nhead.
+Tensor heads_by_id(const Tensor& t, int64_t dim, const std::vector<int64_t>& ids, int64_t nhead, double fill);
 // Per-layer head lists as TransformerStackConfig::heads describes them (or none).
 void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int64_t num_layers, int64_t nhead,
                       const char* name, const char* fn);

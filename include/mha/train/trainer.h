@@ -95,6 +95,9 @@ bool finish_step(const TrainConfig& config, int64_t step, double loss, int64_t c
 // micro-batches of micro_batch and accumulates the gradient of the mean loss
 // over all their targets (equal, up to rounding, to one batch of them all).
 StepLoss accumulate_gradients(TaskModel& model, const std::vector<Example>& examples, int64_t micro_batch);
+// t *= factor in place (t contiguous, float32 or float64): a micro-batch's
+// share of the accumulated mean.
+void scale_gradient(Tensor& t, double factor);
 // The rows of a batch with a label (targets ≥ 0).
 int64_t target_count(const Batch& batch);
 // examples as batches of micro_batch (≥ 1) for `model`; their labelled rows in all into `targets`.
