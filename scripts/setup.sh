@@ -3,9 +3,10 @@
 # Sourced by main.sh and test.sh; safe to run again.
 set -euo pipefail
 
-# To build the library, the mha command and the Python package.
+# To build the library, the mha command and the Python package; Open MPI for
+# distributed training (mpirun -np P build/mha train ...; docs/distributed.md).
 MHA_PACKAGES=(g++ cmake make pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev libcli11-dev
-  nlohmann-json3-dev libpng-dev pybind11-dev python3-dev python3-numpy)
+  nlohmann-json3-dev libpng-dev pybind11-dev python3-dev python3-numpy libopenmpi-dev openmpi-bin)
 # Only to run the tests: PyTorch (Debian's is 1.13) to compare against, pytest, matplotlib,
 # a headless browser that opens the attention page (VizBrowser.* in tests/test_viz.cpp),
 # scikit-learn for its 8×8 digits (`mha train --task digits`, tests/test_vision.cpp), and
@@ -46,10 +47,23 @@ mha_build() {
 }
 
 # build-sanitize: clang, AddressSanitizer + UndefinedBehaviorSanitizer, and the
-# libFuzzer targets (fuzz/) with the coverage that guides them.
+# libFuzzer targets (fuzz/) with the coverage that guides them; without MPI
+# (Open MPI's own allocations would flood LeakSanitizer), which also checks
+# that everything builds and passes without it.
 mha_build_sanitize() {
   CC=clang-14 CXX=clang++-14 mha_build build-sanitize -DMHA_BUILD_TESTS=ON -DMHA_BUILD_PYTHON=OFF -DMHA_BUILD_BENCH=OFF \
-    -DMHA_SANITIZE=ON -DMHA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    -DMHA_SANITIZE=ON -DMHA_FUZZ=ON -DMHA_WITH_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+}
+
+# Open MPI's settings for mpirun -np RANKS on this one machine: as root too
+# (its allow-run-as-root pair), more ranks than cores allowed, the
+# shared-memory transport without the single-copy mechanism that containers
+# forbid, and the cores shared out among the ranks' OpenMP threads.
+mha_mpi_environment() {
+  local ranks=$1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))}
 }
 
 MHA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "mha/dist/communicator.h"
 #include "mha/errors.h"
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
@@ -13,6 +14,9 @@
 namespace mha::tools {
 
 int run_train_digits(TrainCommand& cmd) {
+  if (const int ranks = dist::world().size(); ranks > 1)
+    throw ValueError("[mha train] --task digits: expected one process (data-parallel training under mpirun covers "
+                     "the sequence tasks); got " + std::to_string(ranks) + " ranks");
   const std::string path = cmd.data.empty() ? train::default_digits_path() : cmd.data;
   if (path.empty())
     throw ValueError("[mha train] --data: expected the path of digits.csv.gz (Debian's python3-sklearn ships it; "

@@ -6,6 +6,7 @@
 
 #include "demo.h"
 #include "train_command.h"
+#include "mha/dist/communicator.h"
 #include "mha/mha.h"
 
 namespace {
@@ -68,6 +69,9 @@ void add_model_and_training_options(CLI::App* cmd, mha::tools::TrainCommand& t) 
   cmd->add_option("--out", t.out, "Folder for the checkpoint, metrics.csv and summary.json");
   cmd->add_option("--checkpoint-every", t.train.checkpoint_every, "Also save the checkpoint every N steps (needs --out)")->capture_default_str();
   cmd->add_option("--resume", t.resume, "Continue the run saved in this folder (to --steps in all)");
+  cmd->add_option("--bucket-mb", t.bucket_mb,
+                  "Under mpirun -np P > 1 (data parallel): gradients are all-reduced in buckets of about this many MiB")
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -231,8 +235,18 @@ int main(int argc, char** argv) {
       return mha::tools::run_train(distill);
     }
   } catch (const std::exception& e) {
-    std::cerr << "mha: " << e.what() << "\n";
-    return 1;
+    mha::dist::Communicator& world = mha::dist::world();
+    if (world.size() == 1) {
+      std::cerr << "mha: " << e.what() << "\n";
+      return 1;
+    }
+    // The other ranks may wait in a collective for this one: end them all.
+    // One write, so that the ranks' messages do not interleave.
+    const std::string message = "mha: rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) +
+                                ": " + e.what() + "\nmha: ending every rank of the job\n";
+    std::fwrite(message.data(), 1, message.size(), stderr);
+    std::fflush(stderr);
+    world.abort(1);
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "mha/dist/data_parallel.h"
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
 #include "mha/train/pruning.h"
@@ -75,6 +76,14 @@ std::string describe_heads(int64_t nhead, const std::vector<std::vector<int64_t>
 }
 
 int run_train(TrainCommand& cmd) {
+  // Under mpirun -np P > 1: data parallel; rank 0 prints and writes the checkpoints.
+  dist::Communicator& comm = dist::world();
+  if (comm.size() > 1) {
+    cmd.train.communicator = &comm;
+    cmd.train.bucket_bytes = std::max<int64_t>(1, int64_t(cmd.bucket_mb * double(1 << 20)));
+    if (comm.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+      throw std::runtime_error("[mha train] cannot silence rank " + std::to_string(comm.rank()) + "'s output");
+  }
   std::unique_ptr<train::TaskModel> model;
   train::Architecture architecture = train::Architecture::decoder;
   train::TrainState state;
@@ -152,7 +161,21 @@ int run_train(TrainCommand& cmd) {
   if (teacher)
     std::printf("%s\n", teacher->describe(parameters, train::evaluate(*teacher->teacher.model, data.heldout()).exact_match)
                              .c_str());
+  if (comm.size() > 1) {
+    const dist::Share first = dist::share_of(cmd.train.batch_size, 0, comm.size()),
+                      last = dist::share_of(cmd.train.batch_size, comm.size() - 1, comm.size());
+    std::printf("%s: data parallel over %d ranks (%s): each batch of %lld as %lld%s examples per rank, gradients "
+                "all-reduced in buckets of %.3g MiB\n",
+                name, comm.size(), comm.backend().c_str(), (long long)cmd.train.batch_size,
+                (long long)(first.end - first.begin),
+                first.end - first.begin == last.end - last.begin
+                    ? ""
+                    : (" (the first " + std::to_string(cmd.train.batch_size % comm.size()) + " ranks) or " +
+                       std::to_string(last.end - last.begin)).c_str(),
+                cmd.bucket_mb);
+  }
   const auto save = [&](const train::TrainState& s) {
+    if (comm.rank() != 0) return;  // one writer
     std::filesystem::create_directories(cmd.out);
     const train::TrainState student = teacher ? teacher->save(cmd.out, s) : s;
     train::save_checkpoint(cmd.out, *model,
@@ -184,7 +207,7 @@ int run_train(TrainCommand& cmd) {
               percent(r.heldout_exact_match).c_str(), percent(r.heldout_token_accuracy).c_str(), (long long)r.steps, r.train_seconds,
               r.tokens_per_second);
   std::printf("peak tensor memory: %.1f MiB\n", double(peak_memory()) / (1 << 20));
-  if (!cmd.out.empty()) {
+  if (!cmd.out.empty() && comm.rank() == 0) {
     save(state);
     io::write_file_atomically(cmd.out + "/metrics.csv", report.metrics_csv());
     write_summary(cmd.out, cmd.task, r, parameters, baseline);

@@ -33,6 +33,7 @@ struct TrainCommand {
   std::string out;     // output folder; empty: none
   std::string init = "default";  // weight initialisation: default, xavier, he, normal
   std::string resume;  // continue the run saved in this folder (its model, task and state)
+  double bucket_mb = 25;  // data parallel (under mpirun): all-reduce buckets of about this many MiB
   // --task digits (a Vision Transformer): the data file, held-out images, patch side.
   std::string data;
   int64_t digits_heldout = 360;

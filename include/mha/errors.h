@@ -45,6 +45,12 @@ struct MemoryError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A collective or message between ranks failed (a peer ended, MPI reported
+// an error), or ranks disagree on what they exchange.
+struct CommunicationError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // A call made in the wrong order (backward before forward, ...).
 struct StateError : std::logic_error {
   using std::logic_error::logic_error;

@@ -52,6 +52,7 @@ Tensor LanguageModel::forward(const Tensor& ids, bool need_weights) {
 
 void LanguageModel::backward(const Tensor& dlogits, const Tensor& dhidden, const std::vector<Tensor>& dweights) {
   Tensor dh = head.backward(dlogits);
+  report_gradients_ready(head);
   if (dhidden.defined()) {
     if (dhidden.shape() != dh.shape())
       raise<ShapeError>("mha::nn::LanguageModel::backward", "dhidden", "last_hidden()'s shape " +

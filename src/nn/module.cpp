@@ -75,6 +75,20 @@ std::optional<FlatParameters> flat_parameters_of(const std::vector<NamedParamete
   return flat;
 }
 
+namespace {
+thread_local GradientsReadyScope* innermost_scope = nullptr;
+}  // namespace
+
+GradientsReadyScope::GradientsReadyScope(GradientsReady on_ready)
+    : on_ready_(std::move(on_ready)), outer_(innermost_scope) {
+  innermost_scope = this;
+}
+GradientsReadyScope::~GradientsReadyScope() { innermost_scope = outer_; }
+
+void report_gradients_ready(Module& module) {
+  if (innermost_scope) innermost_scope->on_ready_(module.named_parameters());
+}
+
 void append_parameters(std::vector<NamedParameter>& out, const std::string& prefix, Module& child) {
   for (NamedParameter& p : child.named_parameters()) out.push_back({prefix + "." + p.name, p.value, p.grad});
 }

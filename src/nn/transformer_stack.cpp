@@ -232,7 +232,11 @@ Tensor TransformerEncoder::backward(const Tensor& dy, const std::vector<Tensor>&
                       "one tensor (or none) per layer (" + std::to_string(layers.size()) + ")",
                       std::to_string(dweights.size()));
   Tensor g = final_norm_backward(dy);
-  for (size_t i = layers.size(); i-- > 0;) g = layers[i]->backward(g, dweights.empty() ? Tensor() : dweights[i]);
+  if (config_.layer.norm_first) report_gradients_ready(norm);
+  for (size_t i = layers.size(); i-- > 0;) {
+    g = layers[i]->backward(g, dweights.empty() ? Tensor() : dweights[i]);
+    report_gradients_ready(*layers[i]);
+  }
   position_bias_backward();
   return g;
 }
@@ -276,10 +280,12 @@ Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, cons
 
 DecoderGradients TransformerDecoder::backward(const Tensor& dy) {
   DecoderGradients out{final_norm_backward(dy), Tensor()};
+  if (config_.layer.norm_first) report_gradients_ready(norm);
   for (size_t i = layers.size(); i-- > 0;) {
     const DecoderGradients layer = layers[i]->backward(out.dtgt);
     out.dtgt = layer.dtgt;
     out.dmemory = add_or_first(out.dmemory, layer.dmemory);
+    report_gradients_ready(*layers[i]);
   }
   position_bias_backward();
   return out;

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "check.h"
+#include "mha/dist/data_parallel.h"
 #include "mha/nn/loss.h"
 #include "mha/optim.h"
 
@@ -68,16 +69,13 @@ Evaluation evaluate(TaskModel& model, const std::vector<Example>& examples) {
     for (size_t t = 0; t < std::min(got.size(), want.size()); ++t) right_tokens += got[t] == want[t];
   }
   return {.exact_match = double(right) / double(examples.size()),
-          .token_accuracy = tokens > 0 ? double(right_tokens) / double(tokens) : 0.0};
+          .token_accuracy = tokens > 0 ? double(right_tokens) / double(tokens) : 0.0,
+          .examples = int64_t(examples.size()), .exact = right, .tokens = tokens, .right_tokens = right_tokens};
 }
 
 double exact_match(TaskModel& model, const std::vector<Example>& examples) {
   return evaluate(model, examples).exact_match;
 }
-
-namespace {
-
-}  // namespace
 
 void scale_gradient(Tensor& t, double factor) {
   if (t.dtype() == DType::float64) {
@@ -167,6 +165,12 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
   // One block of parameters, one of gradients: AdamW and clipping sweep each once a step.
   if (!params.empty() && !nn::flat_parameters_of(params)) nn::flatten_parameters(params);
   optim::AdamW opt(params, {.lr = c.lr, .weight_decay = c.weight_decay});
+  dist::Communicator* comm = c.communicator && c.communicator->size() > 1 ? c.communicator : nullptr;
+  if (comm && (gradients || !extra.empty()))
+    raise<ValueError>(fn, "gradients", "none (data-parallel training runs the cross-entropy's gradients only)",
+                      "a gradient function of the caller's");
+  std::optional<dist::GradientReducer> reducer;
+  if (comm) reducer.emplace(*comm, params, c.bucket_bytes);
   TrainState s;
   if (state && state->step > 0) {
     s = *state;
@@ -198,19 +202,27 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
     for (int64_t i = 0; i < c.batch_size * c.accumulate; ++i) examples.push_back(data.sample(gen));
     opt.set_lr(optim::warmup_cosine(step, c.warmup, c.steps, c.lr, c.min_lr));
     for (const nn::NamedParameter& p : extra) p.grad->fill_(0.0);
-    const StepLoss loss = gradients ? gradients(examples, c.batch_size) : accumulate_gradients(model, examples, c.batch_size);
+    const StepLoss loss = comm        ? dist::data_parallel_gradients(model, *comm, *reducer, examples, c.batch_size)
+                          : gradients ? gradients(examples, c.batch_size)
+                                      : accumulate_gradients(model, examples, c.batch_size);
     const double norm = optim::clip_grad_norm(params, c.clip);
     // The guard: a step whose loss or gradient is not finite would write NaN
     // into every parameter. Stop before the update, naming what went wrong.
     guard_step(fn, step + 1, loss.loss, norm, params);
     opt.step();
     s.step = step + 1;
-    s.train_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    if (comm && c.max_seconds > 0) {  // one clock for all ranks, so that they stop at the same step
+      dist::all_reduce(*comm, &seconds, 1);
+      seconds /= comm->size();
+    }
+    s.train_seconds += seconds;
     s.tokens += double(loss.tokens);
 
     const bool stop = finish_step(c, step, loss.loss, loss.count, loss.correct, s.train_seconds, s.tokens,
                                   [&] {
-                                    const Evaluation e = evaluate(model, data.heldout());
+                                    const Evaluation e = comm ? dist::data_parallel_evaluate(model, *comm, data.heldout())
+                                                              : evaluate(model, data.heldout());
                                     result.heldout_token_accuracy = e.token_accuracy;
                                     return e.exact_match;
                                   },

@@ -6,6 +6,7 @@
 // until zero_grad().
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,6 +52,28 @@ class Module {
  protected:
   bool training_ = true;
 };
+
+// Backward's progress, for code that acts on gradients as soon as they are
+// final (data-parallel training all-reduces a bucket of them while backward
+// goes on). While a GradientsReadyScope lives on this thread, the layer
+// stacks (transformer_stack.h) report each layer's parameters right after its
+// backward; parameters outside the layers are not reported (they are final
+// when backward returns). Scopes nest; the innermost one is called.
+using GradientsReady = std::function<void(const std::vector<NamedParameter>&)>;
+class GradientsReadyScope {
+ public:
+  explicit GradientsReadyScope(GradientsReady on_ready);
+  ~GradientsReadyScope();
+  GradientsReadyScope(const GradientsReadyScope&) = delete;
+  GradientsReadyScope& operator=(const GradientsReadyScope&) = delete;
+
+ private:
+  friend void report_gradients_ready(Module& module);
+  GradientsReady on_ready_;
+  GradientsReadyScope* outer_;
+};
+// Reports module's parameters to this thread's innermost scope (none: nothing).
+void report_gradients_ready(Module& module);
 
 // Appends child's parameters under "prefix.".
 void append_parameters(std::vector<NamedParameter>& out, const std::string& prefix, Module& child);

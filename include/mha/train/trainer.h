@@ -8,6 +8,10 @@
 #include "mha/train/task_model.h"
 #include "mha/train/tasks.h"
 
+namespace mha::dist {
+class Communicator;
+}
+
 namespace mha::train {
 
 struct TrainConfig {
@@ -28,6 +32,12 @@ struct TrainConfig {
   // the activation memory of one micro-batch.
   int64_t accumulate = 1;
   int64_t checkpoint_every = 0;   // calls on_checkpoint every this many steps (0: never)
+  // Data-parallel training over this communicator's ranks when it has more
+  // than one (mha/dist/data_parallel.h): every rank calls train() with the
+  // same model, data and config; batch_size stays the global batch. Gradients
+  // are all-reduced in buckets of about bucket_bytes during backward.
+  dist::Communicator* communicator = nullptr;
+  int64_t bucket_bytes = int64_t(25) << 20;
 };
 
 // Everything a run needs to continue exactly where it stopped: with the model's
@@ -114,6 +124,7 @@ std::vector<std::vector<int64_t>> generate(TaskModel& model, const std::vector<s
 // tokens right at their position (a shorter answer misses its missing tokens).
 struct Evaluation {
   double exact_match = 0, token_accuracy = 0;
+  int64_t examples = 0, exact = 0, tokens = 0, right_tokens = 0;  // the counts behind them
 };
 Evaluation evaluate(TaskModel& model, const std::vector<Example>& examples);
 double exact_match(TaskModel& model, const std::vector<Example>& examples);  // evaluate(…).exact_match
