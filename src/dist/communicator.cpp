@@ -103,9 +103,18 @@ void Communicator::all_reduce(void* data, int64_t count, DType dtype) {
   }
 }
 
-std::unique_ptr<Request> Communicator::all_reduce_start(void* data, int64_t count, DType dtype) {
-  all_reduce(data, count, dtype);
+std::unique_ptr<Request> Communicator::start(std::function<void(Communicator&)> work) {
+  work(*this);
   return std::make_unique<DoneRequest>();
+}
+
+std::unique_ptr<Request> Communicator::all_reduce_start(void* data, int64_t count, DType dtype) {
+  return start([=](Communicator& c) { c.all_reduce(data, count, dtype); });
+}
+
+std::unique_ptr<Request> Communicator::send_receive_start(const void* send, int64_t send_count, int to, void* receive,
+                                                          int64_t receive_count, int from, DType dtype, int tag) {
+  return start([=](Communicator& c) { c.send_receive(send, send_count, to, receive, receive_count, from, dtype, tag); });
 }
 
 std::unique_ptr<Communicator> local_communicator() { return std::make_unique<LocalCommunicator>(); }

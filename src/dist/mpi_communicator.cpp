@@ -1,11 +1,11 @@
 // The communicator over MPI: the one translation unit that includes mpi.h.
 //
 // Errors come back as return codes (MPI_ERRORS_RETURN) and leave as
-// CommunicationError. Background all-reduces (all_reduce_start) run on a
-// thread of their own over a duplicate of the communicator: Open MPI makes no
-// progress on a non-blocking collective unless some thread calls into it, so
-// that thread runs the blocking ring and the caller's thread goes on
-// computing. Needs MPI_THREAD_MULTIPLE; where MPI offers less, they run at
+// CommunicationError. Background work (Communicator::start: bucket
+// all-reduces, ring attention's exchanges) runs on a thread of its own over a
+// duplicate of the communicator: Open MPI makes no progress on a non-blocking
+// call unless some thread calls into it, so that thread runs the blocking
+// calls and the caller's thread goes on computing. Needs MPI_THREAD_MULTIPLE; where MPI offers less, they run at
 // once on the caller's thread.
 #include <mpi.h>
 
@@ -124,19 +124,19 @@ class MpiCommunicator final : public Communicator {
     check_received(status, nr, dtype, fn);
     count_sent(send_count * dtype_size(dtype));
   }
-  std::unique_ptr<Request> all_reduce_start(void* data, int64_t count, DType dtype) override {
-    if (!threads_ || size_ == 1) return Communicator::all_reduce_start(data, count, dtype);
+  std::unique_ptr<Request> start(std::function<void(Communicator&)> work) override {
+    if (!threads_ || size_ == 1) return Communicator::start(std::move(work));
     auto state = std::make_shared<Background>();
     {
       std::lock_guard lock(mutex_);
       if (!background_) {
         MPI_Comm copy;
-        check(MPI_Comm_dup(comm_, &copy), "mha::dist::all_reduce_start");
+        check(MPI_Comm_dup(comm_, &copy), "mha::dist::Communicator::start");
         background_ = std::make_unique<MpiCommunicator>(copy, false, false);
         background_->bytes_sent_ = bytes_sent_;  // one count for the rank
         worker_ = std::thread([this] { serve(); });
       }
-      queue_.push_back({data, count, dtype, state});
+      queue_.push_back({std::move(work), state});
     }
     work_.notify_all();
     return std::make_unique<BackgroundRequest>(state);
@@ -165,9 +165,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   struct Task {
-    void* data;
-    int64_t count;
-    DType dtype;
+    std::function<void(Communicator&)> work;
     std::shared_ptr<Background> state;
   };
 
@@ -179,7 +177,7 @@ class MpiCommunicator final : public Communicator {
                                 std::to_string(expected) + " elements", std::to_string(got));
   }
 
-  // The background thread: all-reduces in the order they were started.
+  // The background thread: works in the order they were started.
   void serve() {
     for (;;) {
       Task task;
@@ -187,12 +185,12 @@ class MpiCommunicator final : public Communicator {
         std::unique_lock lock(mutex_);
         work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;
-        task = queue_.front();
+        task = std::move(queue_.front());
         queue_.pop_front();
       }
       std::exception_ptr error;
       try {
-        background_->all_reduce(task.data, task.count, task.dtype);
+        task.work(*background_);
       } catch (...) {
         error = std::current_exception();
       }

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -52,10 +53,16 @@ class Communicator {
 
   // data (count) summed over the ranks, in place: the ring algorithm.
   void all_reduce(void* data, int64_t count, DType dtype);
-  // The same, started now and finished in the background (MPI: on a
-  // communication thread of its own, so that it progresses while this thread
-  // computes); data must stay untouched until the request has finished.
-  virtual std::unique_ptr<Request> all_reduce_start(void* data, int64_t count, DType dtype);
+
+  // Work started now and finished in the background: with MPI on a
+  // communication thread of its own, over a duplicate of this communicator
+  // (passed to `work`), in the order started, so that it progresses while
+  // this thread computes; without, at once. Buffers stay untouched until the
+  // request has finished. Every rank starts the same works in the same order.
+  virtual std::unique_ptr<Request> start(std::function<void(Communicator&)> work);
+  std::unique_ptr<Request> all_reduce_start(void* data, int64_t count, DType dtype);
+  std::unique_ptr<Request> send_receive_start(const void* send, int64_t send_count, int to, void* receive,
+                                              int64_t receive_count, int from, DType dtype, int tag);
   // send (size · count): block r of the sum over ranks lands in receive (count) on rank r.
   virtual void reduce_scatter(const void* send, void* receive, int64_t count, DType dtype) = 0;
   // send (count) from each rank, in rank order, into receive (size · count) on every rank.
