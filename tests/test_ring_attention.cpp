@@ -44,11 +44,12 @@ struct Case {
   MaskKind mask;
   int64_t Hq, Hk;
   DType dtype;
+  bool ulysses = false;  // all-to-all attention instead of the ring
 };
 
 std::string describe(const Case& c) {
   const char* masks[] = {"no mask", "bool mask", "additive mask"};
-  return "L " + std::to_string(c.L) + (c.causal ? " causal " : " ") + describe(c.layout) + " " +
+  return std::string(c.ulysses ? "all-to-all " : "ring ") + "L " + std::to_string(c.L) + (c.causal ? " causal " : " ") + describe(c.layout) + " " +
          masks[int(c.mask)] + " Hq " + std::to_string(c.Hq) + " Hk " + std::to_string(c.Hk) + " " +
          to_string(c.dtype);
 }
@@ -90,8 +91,10 @@ void check_case(const Case& c) {
   ring.work = &work;
   const auto shard = [&](const Tensor& t) { return dist::ring_shard(t, comm(), c.layout); };
   const Tensor ql = shard(q), kl = shard(k), vl = shard(v), dl = shard(dout);
-  const AttentionOutput got = dist::ring_attention_forward(comm(), ql, kl, vl, ring);
-  const AttentionGradients got_grads = dist::ring_attention_backward(comm(), dl, ql, kl, vl, got, ring);
+  const AttentionOutput got = c.ulysses ? dist::ulysses_attention_forward(comm(), ql, kl, vl, ring)
+                                        : dist::ring_attention_forward(comm(), ql, kl, vl, ring);
+  const AttentionGradients got_grads = c.ulysses ? dist::ulysses_attention_backward(comm(), dl, ql, kl, vl, got, ring)
+                                                 : dist::ring_attention_backward(comm(), dl, ql, kl, vl, got, ring);
   const auto whole_of = [&](const Tensor& t) { return dist::ring_unshard(t, c.L, comm(), c.layout); };
 
   const double tol = c.dtype == DType::float64 ? 1e-12 : 1e-5;
@@ -121,6 +124,33 @@ TEST(RingAttention, MasksFullyMaskedRowsAndGroupedQueries) {
           check_case({21, causal, layout, mask, 4, 2, dtype});
           check_case({7, causal, layout, mask, 2, 1, dtype});
         }
+}
+
+// All-to-all attention: 12 or 24 query heads and 12 key heads, which 1, 2, 3 and 4 ranks divide.
+TEST(UlyssesAttention, EqualsAttentionOverTheWholeSequence) {
+  for (DType dtype : {DType::float32, DType::float64})
+    for (bool causal : {true, false})
+      for (MaskKind mask : {MaskKind::none, MaskKind::boolean, MaskKind::additive})
+        for (int64_t L : {1, 13, 29}) {
+          check_case({L, causal, RingLayout::contiguous, mask, 12, 12, dtype, true});
+          check_case({L, causal, RingLayout::contiguous, mask, 24, 12, dtype, true});
+        }
+}
+
+TEST(UlyssesAttention, RefusesWhatItCannotSplit) {
+  const int P = comm().size();
+  const int64_t rows = dist::ring_block_length(10, P, RingLayout::contiguous);
+  dist::RingOptions ring;
+  ring.length = 10, ring.layout = RingLayout::contiguous;
+  const Tensor q = Tensor::zeros({1, 12, rows, 4});
+  if (P > 1) {
+    const Tensor odd = Tensor::zeros({1, 12 * P + 1, rows, 4});
+    expect_error<ShapeError>([&] { dist::ulysses_attention_forward(comm(), odd, odd, odd, ring); },
+                             {"mha::dist::ulysses_attention_forward", "query", "heads"});
+  }
+  ring.layout = RingLayout::zigzag;
+  const Tensor z = Tensor::zeros({1, 12, dist::ring_block_length(10, P, RingLayout::zigzag), 4});
+  expect_error<ValueError>([&] { dist::ulysses_attention_forward(comm(), z, z, z, ring); }, {"options.layout"});
 }
 
 // Zigzag gives every rank the same causal work; contiguous about (2P − 1) / P

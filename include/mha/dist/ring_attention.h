@@ -25,7 +25,8 @@ namespace mha::dist {
 enum class RingLayout : uint8_t { contiguous, zigzag };
 
 // What a rank computed: (query, key) pairs its kernels ran over (visible by
-// causality), blocks attended, and the bytes it sent.
+// causality; per head: all-to-all attention counts its share of the heads),
+// blocks attended, and the bytes it sent.
 struct RingWork {
   int64_t pairs = 0, blocks = 0, bytes_sent = 0;
 };
@@ -64,5 +65,18 @@ AttentionOutput ring_attention_forward(Communicator& comm, const Tensor& query, 
 AttentionGradients ring_attention_backward(Communicator& comm, const Tensor& dout, const Tensor& query,
                                            const Tensor& key, const Tensor& value, const AttentionOutput& forward,
                                            const RingOptions& options);
+
+// All-to-all attention (DeepSpeed-Ulysses) over the contiguous layout's rows
+// (options.layout must be contiguous): an all-to-all turns this rank's rows of
+// every head into every row of its Hq / P query heads (and Hk / P key and
+// value heads), the fused kernel runs over the whole sequence there, and a
+// second all-to-all brings the output rows back. Needs P to divide Hq and Hk.
+// Each rank sends (P − 1) / P of its q, k, v and out (backward: of dout, q, k,
+// v, out, lse there and of dq, dk, dv back). Same arguments and results as the ring's.
+AttentionOutput ulysses_attention_forward(Communicator& comm, const Tensor& query, const Tensor& key,
+                                          const Tensor& value, const RingOptions& options);
+AttentionGradients ulysses_attention_backward(Communicator& comm, const Tensor& dout, const Tensor& query,
+                                              const Tensor& key, const Tensor& value,
+                                              const AttentionOutput& forward, const RingOptions& options);
 
 }  // namespace mha::dist
