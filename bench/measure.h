@@ -48,4 +48,20 @@ inline std::string cpu_name() {
   return "unknown";
 }
 
+// Parameters that are matrices of products (not embeddings, norms or biases).
+template <class Params>
+int64_t dense_parameters(const Params& params) {
+  int64_t dense = 0;
+  for (const auto& p : params)
+    if (p.value->dim() == 2 && p.name.find("embedding") == std::string::npos) dense += p.value->numel();
+  return dense;
+}
+
+// A decoder-only training step's FLOPs for `tokens` tokens in rows of length
+// T: 6 × dense parameters a token (2 forward, 4 backward) plus causal
+// attention's 4·D·(T+1)/2 a token and layer forward, × 3.5 with backward.
+inline double step_flops(double tokens, double T, int64_t dense, int64_t d_model, int64_t layers) {
+  return tokens * (6.0 * double(dense) + 3.5 * 4.0 * double(d_model) * (T + 1) / 2 * double(layers));
+}
+
 }  // namespace mha::bench

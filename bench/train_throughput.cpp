@@ -68,9 +68,7 @@ int main(int argc, char** argv) {
   auto model = train::make_task_model(train::Architecture::decoder, model_config, 0, gen);
   const train::TaskData data(task, tc.seed);
 
-  int64_t dense = 0;  // parameters that are matrices of products (not embeddings, norms or biases)
-  for (const nn::NamedParameter& p : model->named_parameters())
-    if (p.value->dim() == 2 && p.name.find("embedding") == std::string::npos) dense += p.value->numel();
+  const int64_t dense = bench::dense_parameters(model->named_parameters());
 
   std::vector<double> step_seconds, step_tokens;
   double last_elapsed = 0, last_tokens = 0;
@@ -84,10 +82,9 @@ int main(int argc, char** argv) {
 
   std::vector<double> rates, flops;
   for (size_t i = 0; i < step_seconds.size(); ++i) {
-    const double tokens = step_tokens[i], rows = double(s.batch), T = tokens / rows;
-    const double attention = 3.5 * 4.0 * double(s.d_model) * (T + 1) / 2 * double(s.layers);
+    const double tokens = step_tokens[i], T = tokens / double(s.batch);
     rates.push_back(tokens / step_seconds[i]);
-    flops.push_back(tokens * (6.0 * double(dense) + attention) / step_seconds[i]);
+    flops.push_back(bench::step_flops(tokens, T, dense, s.d_model, s.layers) / step_seconds[i]);
   }
   std::sort(rates.begin(), rates.end());
   std::sort(flops.begin(), flops.end());

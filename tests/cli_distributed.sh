@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np P mha train`: data parallel trains as one process does (the
-# loss of every step, P = 2 and 3 with a batch 3 does not divide), resumes
+# loss of every step, P = 2 and 3 with a batch 3 does not divide), so does
+# context parallel (--context-parallel 2 on 2 and on 4 ranks), resumes
 # with another P, and ends the whole job, with a message and the last
 # checkpoint intact, when one rank is killed or fails.
 # Usage: cli_distributed.sh MHA WORKDIR (ctest sets Open MPI's environment).
@@ -33,6 +34,14 @@ for np in 2 3; do
   grep -q "data parallel over $np ranks (mpi)" p$np.log || fail "np $np did not say it ran data parallel: $(head -3 p$np.log)"
   same_losses one/metrics.csv p$np/metrics.csv
 done
+# Context parallel: each sequence over 2 ranks, alone (np 2) and in 2 data-parallel groups (np 4).
+for np in 2 4; do
+  mpirun -np $np "$mha" "${common[@]}" --steps 40 --context-parallel 2 --out cp$np >cp$np.log 2>cp$np.err ||
+    fail "context parallel, np $np: $(cat cp$np.err)"
+  grep -q "each sequence spread over 2 ranks" cp$np.log || fail "np $np: $(grep ranks cp$np.log)"
+  same_losses one/metrics.csv cp$np/metrics.csv
+done
+expect_error "a divisor of the communicator's 1 ranks" "${common[@]}" --steps 1 --context-parallel 2
 grep -q "each batch of 10 as 4 (the first 1 ranks) or 3 examples per rank" p3.log || fail "np 3: the split of 10: $(grep parallel p3.log)"
 [ "$(grep -c 'held-out exact match' p2.log)" = 1 ] || fail "only rank 0 prints: $(cat p2.log)"
 

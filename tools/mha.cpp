@@ -69,6 +69,10 @@ void add_model_and_training_options(CLI::App* cmd, mha::tools::TrainCommand& t) 
   cmd->add_option("--out", t.out, "Folder for the checkpoint, metrics.csv and summary.json");
   cmd->add_option("--checkpoint-every", t.train.checkpoint_every, "Also save the checkpoint every N steps (needs --out)")->capture_default_str();
   cmd->add_option("--resume", t.resume, "Continue the run saved in this folder (to --steps in all)");
+  cmd->add_option("--context-parallel", t.train.context_parallel,
+                  "Under mpirun -np P: spread each sequence over this many ranks (ring attention, zigzag layout), "
+                  "P / C data-parallel groups of them; sinusoidal or learned positions, full attention")
+      ->capture_default_str();
   cmd->add_option("--bucket-mb", t.bucket_mb,
                   "Under mpirun -np P > 1 (data parallel): gradients are all-reduced in buckets of about this many MiB")
       ->capture_default_str();

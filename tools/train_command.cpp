@@ -162,17 +162,27 @@ int run_train(TrainCommand& cmd) {
     std::printf("%s\n", teacher->describe(parameters, train::evaluate(*teacher->teacher.model, data.heldout()).exact_match)
                              .c_str());
   if (comm.size() > 1) {
-    const dist::Share first = dist::share_of(cmd.train.batch_size, 0, comm.size()),
-                      last = dist::share_of(cmd.train.batch_size, comm.size() - 1, comm.size());
-    std::printf("%s: data parallel over %d ranks (%s): each batch of %lld as %lld%s examples per rank, gradients "
-                "all-reduced in buckets of %.3g MiB\n",
-                name, comm.size(), comm.backend().c_str(), (long long)cmd.train.batch_size,
-                (long long)(first.end - first.begin),
-                first.end - first.begin == last.end - last.begin
-                    ? ""
-                    : (" (the first " + std::to_string(cmd.train.batch_size % comm.size()) + " ranks) or " +
-                       std::to_string(last.end - last.begin)).c_str(),
-                cmd.bucket_mb);
+    // D data-parallel groups of C ranks (C = 1: every rank a group); train() refuses a C that does not divide P.
+    const int64_t C = cmd.train.context_parallel;
+    const int groups = C >= 1 && comm.size() % C == 0 ? int(comm.size() / C) : comm.size();
+    const dist::Share first = dist::share_of(cmd.train.batch_size, 0, groups),
+                      last = dist::share_of(cmd.train.batch_size, groups - 1, groups);
+    const std::string split = std::to_string(first.end - first.begin) +
+                              (first.end - first.begin == last.end - last.begin
+                                   ? ""
+                                   : " (the first " + std::to_string(cmd.train.batch_size % groups) + " " +
+                                         (C > 1 ? "groups" : "ranks") + ") or " + std::to_string(last.end - last.begin));
+    if (C > 1)
+      std::printf("%s: %d ranks (%s): each sequence spread over %lld ranks (zigzag ring attention); %d data-parallel "
+                  "groups of them, each batch of %lld as %s examples per group; gradients all-reduced in buckets of "
+                  "%.3g MiB\n",
+                  name, comm.size(), comm.backend().c_str(), (long long)C, groups, (long long)cmd.train.batch_size,
+                  split.c_str(), cmd.bucket_mb);
+    else
+      std::printf("%s: data parallel over %d ranks (%s): each batch of %lld as %s examples per rank, gradients "
+                  "all-reduced in buckets of %.3g MiB\n",
+                  name, comm.size(), comm.backend().c_str(), (long long)cmd.train.batch_size, split.c_str(),
+                  cmd.bucket_mb);
   }
   const auto save = [&](const train::TrainState& s) {
     if (comm.rank() != 0) return;  // one writer

@@ -62,6 +62,7 @@ class LocalCommunicator final : public Communicator {
     std::memmove(receive, send, size_t(count * dtype_size(dtype)));
   }
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 
  private:

@@ -14,10 +14,9 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Rows [begin, end) of a batch, padded as the whole batch is: an encoder
-// attends to its padding, so a rank's rows must be padded to the length the
-// single process pads them to for the same logits.
-train::Batch rows_of(const train::Batch& b, int64_t begin, int64_t end) {
+}  // namespace
+
+train::Batch batch_rows(const train::Batch& b, int64_t begin, int64_t end) {
   train::Batch part = b;
   part.rows = end - begin;
   const auto rows = [&](const std::vector<int64_t>& v, int64_t width) {
@@ -27,8 +26,6 @@ train::Batch rows_of(const train::Batch& b, int64_t begin, int64_t end) {
   if (!b.source.empty()) part.source = rows(b.source, b.source_length);
   return part;
 }
-
-}  // namespace
 
 Share share_of(int64_t n, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size)
@@ -122,7 +119,7 @@ train::StepLoss data_parallel_gradients(train::TaskModel& model, Communicator& c
     const Share s = share_of(n, comm.rank(), comm.size());
     if (s.end == s.begin) continue;
     const auto from = examples.begin() + int64_t(first);
-    batches.push_back(rows_of(model.make_batch({from, from + n}), s.begin, s.end));
+    batches.push_back(batch_rows(model.make_batch({from, from + n}), s.begin, s.end));
     total += train::target_count(batches.back());
   }
   all_reduce(comm, &total, 1);

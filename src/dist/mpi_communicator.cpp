@@ -158,6 +158,11 @@ class MpiCommunicator final : public Communicator {
     count_sent(count * dtype_size(dtype) * (size_ - 1));
   }
   void barrier() override { check(MPI_Barrier(comm_), "mha::dist::barrier"); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm part;
+    check(MPI_Comm_split(comm_, color, key, &part), "mha::dist::split");
+    return std::make_unique<MpiCommunicator>(part, false, threads_);
+  }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "cpu/gemm.h"
 #include "finite.h"
+#include "mha/dist/context_parallel.h"
 #include "mha/nn/positional.h"
 #include "nn/attention_inputs.h"
 #include "nn/multihead_attention_impl.h"
@@ -82,6 +83,7 @@ struct MultiheadAttention::Saved {
   Shape weights_shape;        // the returned weights', when need_weights (else empty)
   bool averaged_weights = false;
   std::shared_ptr<VariantSaved> variant;  // an efficient variant's core, instead of `attention`
+  std::optional<dist::SequenceShard> shard;  // context parallel: the core ran as ring attention over it
 };
 
 MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, Generator& gen)
@@ -325,6 +327,15 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     if (s.variant) {
       split_heads(s.heads, H, hd).copy_(
           variant_forward(kForward, call, split_heads(s.q, H, hd), split_heads(s.k, H, hd), split_heads(s.v, H, hd), *s.variant));
+    } else if (const dist::SequenceShard* shard = dist::current_sequence_shard()) {
+      // Context parallel: this rank's rows of one sequence; the core is ring attention.
+      if (c.rotary_base || !same_view(key, query) || s.S_total != S)
+        raise<ValueError>(kForward, "inputs", "self-attention without rotary positions or extra key rows under "
+                          "context parallelism", "another kind");
+      s.shard = *shard;
+      s.attention = dist::shard_attention_forward(*shard, split_heads(s.q, H, hd), split_heads(s.k, H, hd),
+                                                  split_heads(s.v, H, hd), s.options, kForward);
+      split_heads(s.heads, H, hd).copy_(s.attention.out);
     } else {
       s.attention = attention_forward(split_heads(s.q, H, hd), split_heads(s.k, H, hd), split_heads(s.v, H, hd), s.options);
       split_heads(s.heads, H, hd).copy_(s.attention.out);
@@ -462,8 +473,17 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
       const Tensor dw = dweights.defined() ? heads_weights_gradient(dweights, s.averaged_weights, N, H, L, s.S_total,
                                                                     s.attention.weights.dtype())
                                            : Tensor{};
-      ag = attention_backward(split_heads(as_operand<A>(dheads), H, hd), split_heads(s.q, H, hd), split_heads(s.k, H, hd),
-                              split_heads(s.v, H, hd), s.attention, s.options, bias_grad, dw);
+      if (s.shard) {
+        if (dw.defined() || bias_grad)
+          raise<ValueError>("mha::nn::MultiheadAttention::backward", "dweights", "none under context parallelism",
+                            "a weights or bias gradient");
+        ag = dist::shard_attention_backward(*s.shard, split_heads(as_operand<A>(dheads), H, hd), split_heads(s.q, H, hd),
+                                            split_heads(s.k, H, hd), split_heads(s.v, H, hd), s.attention, s.options,
+                                            "mha::nn::MultiheadAttention::backward");
+      } else {
+        ag = attention_backward(split_heads(as_operand<A>(dheads), H, hd), split_heads(s.q, H, hd),
+                                split_heads(s.k, H, hd), split_heads(s.v, H, hd), s.attention, s.options, bias_grad, dw);
+      }
     }
     if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
     Tensor dq = Tensor::empty({N, L, I}, c.dtype), dk = Tensor::empty({N, s.S_total, I}, c.dtype),

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "check.h"
-#include "mha/dist/data_parallel.h"
+#include "mha/dist/context_parallel.h"
 #include "mha/nn/loss.h"
 #include "mha/optim.h"
 
@@ -171,6 +171,12 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
                       "a gradient function of the caller's");
   std::optional<dist::GradientReducer> reducer;
   if (comm) reducer.emplace(*comm, params, c.bucket_bytes);
+  if (c.context_parallel != 1 && (!comm || c.context_parallel < 1 || comm->size() % c.context_parallel != 0))
+    raise<ValueError>(fn, "config.context_parallel",
+                      "1, or a divisor of the communicator's " + std::to_string(comm ? comm->size() : 1) + " ranks",
+                      std::to_string(c.context_parallel));
+  const dist::ContextGroups groups =
+      c.context_parallel > 1 ? dist::split_context(*comm, int(c.context_parallel)) : dist::ContextGroups{};
   TrainState s;
   if (state && state->step > 0) {
     s = *state;
@@ -202,7 +208,9 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
     for (int64_t i = 0; i < c.batch_size * c.accumulate; ++i) examples.push_back(data.sample(gen));
     opt.set_lr(optim::warmup_cosine(step, c.warmup, c.steps, c.lr, c.min_lr));
     for (const nn::NamedParameter& p : extra) p.grad->fill_(0.0);
-    const StepLoss loss = comm        ? dist::data_parallel_gradients(model, *comm, *reducer, examples, c.batch_size)
+    const StepLoss loss = groups.context ? dist::context_parallel_gradients(model, *comm, groups, *reducer, examples,
+                                                                            c.batch_size)
+                          : comm      ? dist::data_parallel_gradients(model, *comm, *reducer, examples, c.batch_size)
                           : gradients ? gradients(examples, c.batch_size)
                                       : accumulate_gradients(model, examples, c.batch_size);
     const double norm = optim::clip_grad_norm(params, c.clip);

@@ -70,6 +70,9 @@ class Communicator {
   // Block r (count) of send goes to rank r; block r of receive came from rank r.
   virtual void all_to_all(const void* send, void* receive, int64_t count, DType dtype) = 0;
   virtual void barrier() = 0;
+  // The ranks that pass the same `color`, ordered by `key`, as a
+  // communicator of their own (MPI_Comm_split); every rank calls it.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job at once, with `code` (MPI_Abort): for a
   // program that cannot go on after an error on one rank. The library never calls it.
   [[noreturn]] virtual void abort(int code) = 0;

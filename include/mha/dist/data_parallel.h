@@ -22,6 +22,10 @@ struct Share {
   int64_t begin = 0, end = 0;
 };
 Share share_of(int64_t n, int rank, int size);
+// Rows [begin, end) of a batch, padded as the whole batch is: an encoder
+// attends to its padding, so a rank's rows must keep the length the single
+// process pads them to for the same logits.
+train::Batch batch_rows(const train::Batch& batch, int64_t begin, int64_t end);
 
 // When each bucket's all-reduce started, in seconds from begin(), beside the
 // end of backward (finish() called) and the moment every bucket was done.

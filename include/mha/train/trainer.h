@@ -38,6 +38,10 @@ struct TrainConfig {
   // are all-reduced in buckets of about bucket_bytes during backward.
   dist::Communicator* communicator = nullptr;
   int64_t bucket_bytes = int64_t(25) << 20;
+  // Context parallel: each sequence spread over this many of the ranks
+  // (ring attention, zigzag layout; mha/dist/context_parallel.h), the ranks
+  // forming size / context_parallel data-parallel groups. 1: none.
+  int64_t context_parallel = 1;
 };
 
 // Everything a run needs to continue exactly where it stopped: with the model's
