@@ -107,9 +107,8 @@ void train_steps(const std::string& name, int steps, double bucket_mib) {
 
 void ring(int64_t L, int reps) {
   for (dist::RingLayout layout : {dist::RingLayout::zigzag, dist::RingLayout::contiguous}) {
-    Generator gen(2);
-    const auto rows = [&](int64_t seed) {
-      Generator g(uint64_t(seed));
+    const auto rows = [&](uint64_t seed) {
+      Generator g{seed};
       return dist::ring_shard(randn({1, 4, L, 64}, g, 0, 1, DType::float32), world(), layout);
     };
     const Tensor q = rows(1), k = rows(2), v = rows(3), dout = rows(4);
