@@ -2,7 +2,7 @@
 // mpirun -np P (docs/distributed.md); rank 0 prints JSON lines.
 //
 //   --allreduce        the ring all-reduce's time against message size (8 B to
-//                      64 MiB), medians; bytes sent per rank, counted
+//                      16 MiB), medians; bytes sent per rank, counted
 //   --train CONFIG     data-parallel steps of train_throughput's CONFIG model
 //                      (small, mid, wide): step time, compute rate, bytes sent
 //                      per rank against 2 (P − 1) / P of the gradient, and the
@@ -100,7 +100,8 @@ void train_steps(const std::string& name, int steps, double bucket_mib) {
                   "\"first_bucket_start\": %.4f, \"backward_end\": %.4f, \"all_done\": %.4f, \"cpu\": \"%s\"}\n",
                   name.c_str(), world().size(), largest(all_seconds), largest(compute), flops / t.backward_end / 1e9,
                   (long long)reducer.gradient_bytes(), sent,
-                  sent / (2.0 * (world().size() - 1) / world().size() * double(reducer.gradient_bytes())),
+                  world().size() == 1 ? 0.0  // one rank sends nothing
+                                      : sent / (2.0 * (world().size() - 1) / world().size() * double(reducer.gradient_bytes())),
                   (long long)reducer.buckets(), t.start.front(), t.backward_end, t.done, bench::cpu_name().c_str());
   }
 }

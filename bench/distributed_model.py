@@ -59,8 +59,12 @@ def data_parallel(rows):
             ring = lambda size: 2 * (P - 1) * ALPHA_NETWORK + 2 * (P - 1) / P * size / B
             T_ar = ring(S)
             exposed = max(T_ar - 2 / 3 * T_c * (1 - BUCKET / S), ring(min(BUCKET, S)))
+            # The same network with ranks 10x faster (compute T_c / 10): what a faster machine would see.
+            fast = T_c / 10
+            exposed_fast = max(T_ar - 2 / 3 * fast * (1 - BUCKET / S), ring(min(BUCKET, S)))
             out["rows"].append({"gbit": gbit, "ranks": P, "allreduce_ms": 1e3 * T_ar, "exposed_ms": 1e3 * exposed,
-                                "efficiency": T_c / (T_c + exposed), "no_overlap": T_c / (T_c + T_ar)})
+                                "efficiency": T_c / (T_c + exposed), "no_overlap": T_c / (T_c + T_ar),
+                                "efficiency_10x": fast / (fast + exposed_fast)})
     return out
 
 
@@ -87,10 +91,30 @@ def context_parallel(rows, d=512, layers=6):
     return out
 
 
+def table(columns, cells):
+    """A markdown table: column titles, then one list of cell strings a row."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in cells:
+        print("| " + " | ".join(row) + " |")
+
+
 def main():
     rows = load(sys.argv[1:])
-    print(json.dumps({"alpha_network_s": ALPHA_NETWORK, "data_parallel": data_parallel(rows),
-                      "context_parallel": context_parallel(rows)}, indent=1))
+    dp, cp = data_parallel(rows), context_parallel(rows)
+    pct = lambda x: f"{100 * x:.1f}%"
+    if dp:
+        print(f"Data parallel, wide model: F = {dp['F_gflops']:.0f} GFLOP/s a rank, S = {dp['gradient_mib']:.1f} MiB "
+              f"of gradients, T_c = {dp['compute_seconds']:.2f} s a step, alpha = {ALPHA_NETWORK * 1e6:.0f} us\n")
+        table(["network", "ranks", "all-reduce ms", "exposed ms", "efficiency", "without overlap", "ranks 10x faster"],
+              [[f"{r['gbit']} Gb/s", str(r["ranks"]), f"{r['allreduce_ms']:.1f}", f"{r['exposed_ms']:.1f}",
+                pct(r["efficiency"]), pct(r["no_overlap"]), pct(r["efficiency_10x"])] for r in dp["rows"]])
+    if cp:
+        print(f"\nContext parallel, {SEQUENCE} tokens, d 512, 6 layers: attention at F = {cp['F_gflops']:.0f} GFLOP/s "
+              f"a rank\n")
+        table(["network", "ranks", "tokens a rank", "hidden from (tokens a rank)", "attention s a step", "efficiency"],
+              [[f"{r['gbit']} Gb/s", str(r["ranks"]), f"{r['tokens_per_rank']:.0f}", f"{r['hidden_from']:.0f}",
+                f"{r['attention_seconds']:.3f}", pct(r["efficiency"])] for r in cp["rows"]])
 
 
 if __name__ == "__main__":

@@ -64,6 +64,9 @@ mha_mpi_environment() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))}
+  # Open MPI binds each rank to one core (2 ranks or fewer): right for one
+  # thread a rank, wrong for more (measured: the wide model's step took 2x).
+  if [ "$OMP_NUM_THREADS" -gt 1 ]; then export OMPI_MCA_hwloc_base_binding_policy=none; fi
 }
 
 MHA_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

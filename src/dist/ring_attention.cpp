@@ -175,11 +175,11 @@ AttentionGradients backward_ring(Communicator& comm, const Tensor& dout, const T
       add_rows<T>(dkey, share.dkey, b, g.chunk);
       add_rows<T>(dvalue, share.dvalue, b, g.chunk);
     }
-    exchange_gradients();  // on behind the block (after the last step: home)
+    if (g.P > 1) exchange_gradients();  // on behind the block (after the last step: home)
     for (auto& request : exchange) request->wait();
     std::swap(key, next_key), std::swap(value, next_value);
   }
-  receive_gradients();
+  if (g.P > 1) receive_gradients();
   grads.dkey = dkey, grads.dvalue = dvalue;
   work.bytes_sent = comm.bytes_sent() - sent_before;
   if (o.work) *o.work = work;
