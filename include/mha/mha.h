@@ -2,6 +2,8 @@
 #pragma once
 
 #include "mha/attention.h"
+#include "mha/dist/communicator.h"
+#include "mha/dist/ring_attention.h"
 #include "mha/dtype.h"
 #include "mha/errors.h"
 #include "mha/memory.h"

@@ -5,8 +5,8 @@
 // all-reduces, ring attention's exchanges) runs on a thread of its own over a
 // duplicate of the communicator: Open MPI makes no progress on a non-blocking
 // call unless some thread calls into it, so that thread runs the blocking
-// calls and the caller's thread goes on computing. Needs MPI_THREAD_MULTIPLE; where MPI offers less, they run at
-// once on the caller's thread.
+// calls and the caller's thread goes on computing. Needs MPI_THREAD_MULTIPLE;
+// where MPI offers less, the work runs at once on the caller's thread.
 #include <mpi.h>
 
 #include <climits>
