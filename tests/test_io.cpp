@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "mha/io/safetensors.h"
 #include "mha/train/checkpoint.h"
@@ -337,3 +338,26 @@ TEST(Checkpoint, NonFiniteWeightsAreRefusedUnlessAllowed) {
                       ("tensor 'exp_avg_sq." + params[0].name + "' holds nan at element 0").c_str());
   std::filesystem::remove_all(dir);
 }
+
+namespace mha {
+namespace {
+
+// A float where an integer goes, past int64's range (1e23, as the fuzzer
+// wrote), or negative where a seed goes, is refused before any conversion.
+TEST(Checkpoint, NumbersOutsideWhatIntegersHoldAreRefused) {
+  const std::string config = R"({"format": "mha-checkpoint", "version": 1, "seed": 0, "steps": 3,
+    "model": {"activation": "gelu", "architecture": "decoder", "d_model": 16, "dim_feedforward": 32, "dropout": 0.0,
+              "dtype": "float32", "nhead": 2, "norm_first": true, "num_layers": 1, "vocab_size": 21,
+              "attention": {"kind": "full", "redraw_every": REDRAW}},
+    "task": {"task": "copy", "digits": 3, "heldout": 8, "max_length": 3, "min_length": 2}})";
+  const auto with = [&](const std::string& redraw) {
+    return std::regex_replace(config, std::regex("REDRAW"), redraw);
+  };
+  EXPECT_EQ(train::parse_checkpoint_config(with("100"), "config.json").model.attention.redraw_every, 100);
+  for (const char* bad : {"1.0033333333333333e23", "-1.5", "1e300"})
+    testing::expect_error<FormatError>([&] { train::parse_checkpoint_config(with(bad), "config.json"); },
+                                       {"config.json", "outside [0, 2^63)"});
+}
+
+}  // namespace
+}  // namespace mha

@@ -171,12 +171,30 @@ Checkpoint parse_config(const json& c, const std::string& path) {
   return info;
 }
 
+// Every floating-point number of a checkpoint's JSON lies in [0, 2^63): the
+// fields read as integers (int64 or uint64) then convert with a defined
+// result (a float past their range, such as 1e23, would be undefined
+// behaviour, found by fuzz_checkpoint_config), and no field mha writes is
+// negative or larger as a float.
+void check_numbers(const json& j, const std::string& path) {
+  if (j.is_number_float()) {
+    const double x = j.get<double>();
+    if (!(x >= 0 && x < 9.2233720368547758e18))
+      bad(path, "a number outside [0, 2^63) where only counts, sizes, rates and seconds go: " + j.dump());
+  }
+  if (j.is_structured())
+    for (const json& item : j) check_numbers(item, path);
+}
+
 json parse_json(const std::string& text, const std::string& path) {
+  json j;
   try {
-    return json::parse(text);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     bad(path, std::string("invalid JSON: ") + e.what());
   }
+  check_numbers(j, path);
+  return j;
 }
 
 // Copies the tensors named prefix + parameter name into `params`; every
