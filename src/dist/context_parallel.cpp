@@ -3,7 +3,7 @@
 #include "mha/dist/context_parallel.h"
 
 #include "check.h"
-#include "mha/nn/loss.h"
+#include "dist/reduced_step.h"
 
 namespace mha::dist {
 namespace {
@@ -84,50 +84,17 @@ train::StepLoss context_parallel_gradients(train::TaskModel& model, Communicator
                                            GradientReducer& reducer, const std::vector<train::Example>& examples,
                                            int64_t micro) {
   const char* fn = "mha::dist::context_parallel_gradients";
-  if (micro < 1) raise<ValueError>(fn, "micro_batch", ">= 1", std::to_string(micro));
   if (model.architecture() == train::Architecture::encoder_decoder)
     raise<ValueError>(fn, "model", "a decoder-only or encoder model", "an encoder-decoder");
   Communicator& context = *groups.context;
-  struct Part {
-    train::Batch batch;
-    int64_t length = 0;  // of the whole sequences
-  };
-  std::vector<Part> parts;
-  int64_t total = 0;
-  for (size_t first = 0; first < examples.size(); first += size_t(micro)) {
-    const int64_t n = std::min<int64_t>(micro, int64_t(examples.size() - first));
-    const Share s = share_of(n, groups.group, groups.groups);
-    if (s.end == s.begin) continue;
-    const auto from = examples.begin() + int64_t(first);
-    const train::Batch whole = batch_rows(model.make_batch({from, from + n}), s.begin, s.end);
-    parts.push_back({shard_batch(whole, context.rank(), context.size()), whole.length});
-    total += train::target_count(parts.back().batch);
+  std::vector<detail::StepPart> parts;
+  for (const train::Batch& whole : detail::shared_batches(model, examples, micro, groups.group, groups.groups, fn)) {
+    int64_t real = 0;  // of this rank's positions
+    for (int64_t p : ring_positions(whole.length, context.rank(), context.size(), RingLayout::zigzag))
+      real += p < whole.length;
+    parts.push_back({shard_batch(whole, context.rank(), context.size()), whole.rows * real, whole.length});
   }
-  all_reduce(world, &total, 1);
-  model.zero_grad();
-  reducer.begin();
-  double sums[4] = {0, 0, 0, 0};  // loss, targets, right argmaxes, real tokens
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const train::Batch& b = parts[i].batch;
-    ContextParallelScope scope(context, parts[i].length);
-    const Tensor logits = model.forward(b);
-    nn::CrossEntropyResult loss = nn::cross_entropy(logits, train::token_tensor(b.targets, b.rows, b.length));
-    const double share = total ? double(loss.count) / double(total) : 0.0;
-    train::scale_gradient(loss.dlogits, share);
-    if (i + 1 == parts.size()) {
-      nn::GradientsReadyScope ready([&](const std::vector<nn::NamedParameter>& ps) { reducer.ready(ps); });
-      model.backward(loss.dlogits);
-    } else {
-      model.backward(loss.dlogits);
-    }
-    int64_t real = 0;
-    for (int64_t p : shard_positions({&context, parts[i].length})) real += p < parts[i].length;
-    sums[0] += loss.loss * share, sums[1] += double(loss.count), sums[2] += double(loss.correct);
-    sums[3] += double(b.rows * real);
-  }
-  reducer.finish();
-  all_reduce(world, sums, 4);
-  return {.loss = sums[0], .count = int64_t(sums[1]), .correct = int64_t(sums[2]), .tokens = int64_t(sums[3])};
+  return detail::reduced_step(model, world, reducer, parts, &context);
 }
 
 }  // namespace mha::dist

@@ -3,8 +3,11 @@
 #include "mha/dist/data_parallel.h"
 
 #include <chrono>
+#include <optional>
 
 #include "check.h"
+#include "dist/reduced_step.h"
+#include "mha/dist/context_parallel.h"
 #include "mha/nn/loss.h"
 
 namespace mha::dist {
@@ -50,7 +53,7 @@ GradientReducer::GradientReducer(Communicator& comm, const std::vector<nn::Named
   const int64_t n = int64_t(params.size());
   bucket_of_.assign(size_t(n), 0);
   is_ready_.assign(size_t(n), false);
-  for (const nn::NamedParameter& p : params) grad_data_.push_back(p.grad->raw_data());
+  for (int64_t i = 0; i < n; ++i) index_of_[params[size_t(i)].grad->raw_data()] = i;
   // From the last parameter down: backward finishes the last layers first.
   for (int64_t last = n - 1; last >= 0;) {
     Bucket b;
@@ -74,15 +77,11 @@ void GradientReducer::begin() {
 }
 
 void GradientReducer::ready(const std::vector<nn::NamedParameter>& params) {
-  if (grad_data_.empty()) return;
   for (const nn::NamedParameter& p : params) {
-    const void* data = p.grad->raw_data();
-    for (size_t i = 0; i < grad_data_.size(); ++i)
-      if (grad_data_[i] == data && !is_ready_[i]) {
-        is_ready_[i] = true;
-        --buckets_[size_t(bucket_of_[i])].waiting;
-        break;
-      }
+    const auto found = index_of_.find(p.grad->raw_data());
+    if (found == index_of_.end() || is_ready_[size_t(found->second)]) continue;
+    is_ready_[size_t(found->second)] = true;
+    --buckets_[size_t(bucket_of_[size_t(found->second)])].waiting;
   }
   start_ready_buckets();
 }
@@ -109,41 +108,63 @@ void GradientReducer::finish() {
   timeline_.done = seconds_now() - t0_;
 }
 
-train::StepLoss data_parallel_gradients(train::TaskModel& model, Communicator& comm, GradientReducer& reducer,
-                                        const std::vector<train::Example>& examples, int64_t micro) {
-  if (micro < 1) raise<ValueError>("mha::dist::data_parallel_gradients", "micro_batch", ">= 1", std::to_string(micro));
+namespace detail {
+
+std::vector<train::Batch> shared_batches(train::TaskModel& model, const std::vector<train::Example>& examples,
+                                         int64_t micro, int group, int groups, const char* fn) {
+  if (micro < 1) raise<ValueError>(fn, "micro_batch", ">= 1", std::to_string(micro));
   std::vector<train::Batch> batches;
-  int64_t total = 0;
   for (size_t first = 0; first < examples.size(); first += size_t(micro)) {
     const int64_t n = std::min<int64_t>(micro, int64_t(examples.size() - first));
-    const Share s = share_of(n, comm.rank(), comm.size());
+    const Share s = share_of(n, group, groups);
     if (s.end == s.begin) continue;
     const auto from = examples.begin() + int64_t(first);
     batches.push_back(batch_rows(model.make_batch({from, from + n}), s.begin, s.end));
-    total += train::target_count(batches.back());
   }
-  all_reduce(comm, &total, 1);
+  return batches;
+}
+
+train::StepLoss reduced_step(train::TaskModel& model, Communicator& world, GradientReducer& reducer,
+                             const std::vector<StepPart>& parts, Communicator* context) {
+  int64_t total = 0;
+  for (const StepPart& part : parts) total += train::target_count(part.batch);
+  all_reduce(world, &total, 1);
   model.zero_grad();
   reducer.begin();
   double sums[4] = {0, 0, 0, 0};  // loss, targets, right argmaxes, tokens
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const train::Batch& b = batches[i];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const train::Batch& b = parts[i].batch;
+    std::optional<ContextParallelScope> scope;
+    if (context) scope.emplace(*context, parts[i].sequence);
     const Tensor logits = model.forward(b);
     nn::CrossEntropyResult loss = nn::cross_entropy(logits, train::token_tensor(b.targets, b.rows, b.length));
     const double share = total ? double(loss.count) / double(total) : 0.0;
     train::scale_gradient(loss.dlogits, share);
-    if (i + 1 == batches.size()) {  // the gradients become final in this one
-      nn::GradientsReadyScope scope([&](const std::vector<nn::NamedParameter>& ps) { reducer.ready(ps); });
+    if (i + 1 == parts.size()) {  // the gradients become final in this one
+      nn::GradientsReadyScope ready([&](const std::vector<nn::NamedParameter>& ps) { reducer.ready(ps); });
       model.backward(loss.dlogits);
     } else {
       model.backward(loss.dlogits);
     }
     sums[0] += loss.loss * share, sums[1] += double(loss.count), sums[2] += double(loss.correct);
-    sums[3] += double(b.rows * (b.source_length + b.length));
+    sums[3] += double(parts[i].tokens);
   }
   reducer.finish();
-  all_reduce(comm, sums, 4);
+  all_reduce(world, sums, 4);
   return {.loss = sums[0], .count = int64_t(sums[1]), .correct = int64_t(sums[2]), .tokens = int64_t(sums[3])};
+}
+
+}  // namespace detail
+
+train::StepLoss data_parallel_gradients(train::TaskModel& model, Communicator& comm, GradientReducer& reducer,
+                                        const std::vector<train::Example>& examples, int64_t micro) {
+  std::vector<detail::StepPart> parts;
+  for (train::Batch& b : detail::shared_batches(model, examples, micro, comm.rank(), comm.size(),
+                                                "mha::dist::data_parallel_gradients")) {
+    const int64_t tokens = b.rows * (b.source_length + b.length);
+    parts.push_back({std::move(b), tokens});
+  }
+  return detail::reduced_step(model, comm, reducer, parts, nullptr);
 }
 
 train::Evaluation data_parallel_evaluate(train::TaskModel& model, Communicator& comm,

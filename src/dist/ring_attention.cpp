@@ -200,10 +200,7 @@ AttentionGradients ring_attention_backward(Communicator& comm, const Tensor& dou
                                            const RingOptions& options) {
   const char* fn = "mha::dist::ring_attention_backward";
   const Tensor mask = check_sequence_parallel(fn, comm, query, key, value, options);
-  check_defined(dout, fn, "dout");
-  check_defined(forward.out, fn, "forward.out");
-  if (dout.shape() != forward.out.shape())
-    raise<ShapeError>(fn, "dout", "forward.out's shape " + shape_string(forward.out.shape()), shape_string(dout.shape()));
+  check_backward_inputs(fn, dout, forward);
   return query.dtype() == DType::float64
              ? backward_ring<double>(comm, dout, query, key, value, forward, options, mask)
              : backward_ring<float>(comm, dout, query, key, value, forward, options, mask);

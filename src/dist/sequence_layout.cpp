@@ -80,6 +80,13 @@ Tensor check_sequence_parallel(const char* fn, const Communicator& comm, const T
   return m.dtype() == DType::boolean ? m.contiguous() : m.to(DType::float64).contiguous();
 }
 
+void check_backward_inputs(const char* fn, const Tensor& dout, const AttentionOutput& forward) {
+  check_defined(dout, fn, "dout");
+  check_defined(forward.out, fn, "forward.out");
+  if (dout.shape() != forward.out.shape())
+    raise<ShapeError>(fn, "dout", "forward.out's shape " + shape_string(forward.out.shape()), shape_string(dout.shape()));
+}
+
 }  // namespace detail
 
 using namespace detail;

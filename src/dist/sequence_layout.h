@@ -31,4 +31,7 @@ Tensor block_mask(const Tensor& user, const Ring& g, int64_t a, int64_t b);
 Tensor check_sequence_parallel(const char* fn, const Communicator& comm, const Tensor& q, const Tensor& k,
                                const Tensor& v, const RingOptions& o);
 
+// Backward's own inputs: dout defined and shaped like forward.out.
+void check_backward_inputs(const char* fn, const Tensor& dout, const AttentionOutput& forward);
+
 }  // namespace mha::dist::detail

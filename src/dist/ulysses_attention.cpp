@@ -94,10 +94,7 @@ AttentionGradients ulysses_attention_backward(Communicator& comm, const Tensor& 
                                               const AttentionOutput& forward, const RingOptions& options) {
   const char* fn = "mha::dist::ulysses_attention_backward";
   const Tensor user = check_ulysses(fn, comm, query, key, value, options);
-  check_defined(dout, fn, "dout");
-  check_defined(forward.out, fn, "forward.out");
-  if (dout.shape() != forward.out.shape())
-    raise<ShapeError>(fn, "dout", "forward.out's shape " + shape_string(forward.out.shape()), shape_string(dout.shape()));
+  check_backward_inputs(fn, dout, forward);
   const int64_t sent_before = comm.bytes_sent();
   AttentionOutput heads;
   heads.out = to_heads(comm, forward.out), heads.lse = lse_to_heads(comm, forward.lse), heads.path = forward.path;

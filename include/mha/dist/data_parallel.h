@@ -9,6 +9,7 @@
 // parameters stay identical without being broadcast.
 #pragma once
 
+#include <unordered_map>
 #include <vector>
 
 #include "mha/dist/communicator.h"
@@ -71,7 +72,7 @@ class GradientReducer {
   DType dtype_;
   std::vector<int64_t> bucket_of_;  // per parameter
   std::vector<bool> is_ready_;
-  std::vector<const void*> grad_data_;
+  std::unordered_map<const void*, int64_t> index_of_;  // a parameter by its gradient's data
   std::vector<Bucket> buckets_;
   std::vector<std::unique_ptr<Request>> requests_;
   size_t next_ = 0;  // the next bucket to start
