@@ -73,6 +73,19 @@ static_assert(kQueryTile <= kFlashQueryTileMax);
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Query tile width for L queries: as few tiles as kQueryTile allows, each as
+// narrow as its share of L in whole vectors. Lanes past L are computed and
+// thrown away, so L = 131 in tiles of 64 filled 131 of 192 lanes (the third
+// tile 3 of 64) and in tiles of 48, 131 of 144; a causal tile's keys end at
+// its last query, so narrower tiles also skip more of the masked triangle.
+// One decoding step's query takes one vector. The split changes which lanes
+// share a tile, never a query's sums or their order.
+int64_t query_tile(int64_t L, int64_t width) {
+  if (L <= 0) return width;
+  const int64_t tiles = (L + kQueryTile - 1) / kQueryTile;
+  return std::min(kQueryTile, round_up((L + tiles - 1) / tiles, width));
+}
+
 // Element (row, col) of a strided operand as float.
 struct Loader {
   const void* base;
@@ -183,13 +196,24 @@ void fill_dropout(const void* ctx, int64_t i0, int64_t rows, int64_t j0, int64_t
 }
 
 // qt (E × br) = Q rows [i0, i0+rows) transposed, times `factor`; pad columns 0.
-void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
-                     int64_t E, int64_t br, float factor, float* qt) {
+// (The element type is looked at once: per element it cost as much as the
+// backward's products at E = 32, L = 131.)
+template <class T>
+void pack_transposed_of(const T* src, int64_t row, int64_t col, int64_t rows, int64_t E, int64_t br, float factor,
+                        float* qt) {
   for (int64_t e = 0; e < E; ++e) {
     float* dst = qt + e * br;
-    for (int64_t i = 0; i < rows; ++i) dst[i] = src.at(base + (i0 + i) * row + e * col) * factor;
+    for (int64_t i = 0; i < rows; ++i) dst[i] = float(src[i * row + e * col]) * factor;
     for (int64_t i = rows; i < br; ++i) dst[i] = 0.0f;
   }
+}
+
+void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
+                     int64_t E, int64_t br, float factor, float* qt) {
+  const int64_t first = base + i0 * row;
+  if (src.dtype == DType::bfloat16)
+    return pack_transposed_of(static_cast<const bfloat16*>(src.base) + first, row, col, rows, E, br, factor, qt);
+  pack_transposed_of(static_cast<const float*>(src.base) + first, row, col, rows, E, br, factor, qt);
 }
 
 }  // namespace
@@ -223,10 +247,7 @@ void force_isa(std::optional<Isa> isa) {
 
 bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
-  // A query tile no wider than the queries need (in whole vectors): a decoding
-  // step's one query per head would otherwise fill 1 of 64 lanes. Each query's
-  // sums are the same whatever the tile's width.
-  const int64_t br = std::min(kQueryTile, round_up(p.L, k.width)), tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
+  const int64_t br = query_tile(p.L, k.width), tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
   const bool bf16_kernel = use_bf16_kernel(p);
   const FloatRows keys = bf16_kernel ? FloatRows{} : float_rows(p.k, p, E);
   const FloatRows values = bf16_kernel ? FloatRows{} : float_rows(p.v, p, Ev);
@@ -332,10 +353,23 @@ struct BackwardPlan {
       pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, d.qt + tile * E * br);
       pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, d.dot + tile * Ev * br);
     }
+    // D_i = Σ_e dO_ie·O_ie in double, in four running sums (one chain of
+    // dependent adds took as long as the backward's products at E = 32).
+    const auto delta_of = [&](const auto* out_rows, int64_t i) {
+      const float* d = d_rows + i * douts.row;
+      const auto* o = out_rows + i * Ev;
+      double part[4] = {};
+      int64_t e = 0;
+      for (; e + 4 <= Ev; e += 4)
+        for (int u = 0; u < 4; ++u) part[u] += double(d[e + u]) * double(float(o[e + u]));
+      for (; e < Ev; ++e) part[0] += double(d[e]) * double(float(o[e]));
+      return (part[0] + part[1]) + (part[2] + part[3]);
+    };
     for (int64_t i = 0; i < L_pad; ++i) {
       double delta = 0;
       if (i < L)
-        for (int64_t e = 0; e < Ev; ++e) delta += double(d_rows[i * douts.row + e]) * double(o.at((b * L + i) * Ev + e));
+        delta = o.dtype == DType::bfloat16 ? delta_of(static_cast<const bfloat16*>(o.base) + b * L * Ev, i)
+                                           : delta_of(static_cast<const float*>(o.base) + b * L * Ev, i);
       const float li = i < L ? l[b * L + i] : -INFINITY;
       d.lse2[i] = li == -INFINITY ? INFINITY : li * kLog2e;
       d.delta[i] = float(delta);
@@ -467,7 +501,7 @@ bool add_weights_gradient(const BackwardPlan& plan) {
 bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, const AttentionOutput& fwd,
                               AttentionGradients& g) {
   const Kernels k = kernels_for(active_isa());
-  const int64_t br = kQueryTile, W = k.width, L = p.L, S = p.S, E = p.E, Ev = p.Ev;
+  const int64_t br = query_tile(p.L, k.width), W = k.width, L = p.L, S = p.S, E = p.E, Ev = p.Ev;
   const int64_t tiles = (L + br - 1) / br, E_pad = round_up(E, W), Ev_pad = round_up(Ev, W);
   // Gradients go straight into the outputs when they are float32 rows that
   // need no reduction; else into per-entry buffers folded at the end.
