@@ -243,6 +243,46 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
         }
 }
 
+// cpu::gemm<float> as the layers call it: on OpenBLAS its rows or columns
+// split over OpenMP's threads (gemm.cpp), on mha's kernel whole. Extents
+// that 16 does not divide, both splits, both transposes, from a parallel
+// region too; the OpenMP thread count the caller had is left as it was
+// (OpenBLAS sets it when told its own).
+TEST(Gemm, SplitOverThreadsMatchesReference) {
+  const int before = omp_get_max_threads();
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 129}, {67, 1001, 129}, {129, 130, 131},
+                         {2, 40000, 5}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool nested : {false, true}) {
+          SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
+                       (tb ? " tb" : "") + (nested ? " in a parallel region" : ""));
+          const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
+          const std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 21),
+                                   b = random_floats(size_t((tb ? n : k) * ldb), 22);
+          std::vector<float> c(size_t(m * ldc), std::numeric_limits<float>::quiet_NaN());
+          const auto product = [&] {
+            cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+          };
+          if (nested) {
+#pragma omp parallel num_threads(2)
+#pragma omp single
+            product();
+          } else {
+            product();
+          }
+          EXPECT_EQ(omp_get_max_threads(), before);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p)
+                s += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
+                     double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+              ASSERT_NEAR(c[size_t(i * ldc + j)], s, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
+            }
+        }
+}
+
 INSTANTIATE_TEST_SUITE_P(Layers, LayerKernels, ::testing::ValuesIn(cpu::supported_isas()), isa_name);
 
 }  // namespace

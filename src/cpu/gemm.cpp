@@ -4,9 +4,12 @@
 #include "cpu/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -49,6 +52,80 @@ bool openblas_matches_cpu() {
   for (const char* fma_core : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
     if (core == fma_core) return true;
   return false;
+}
+
+// OpenBLAS's thread count while any product of mha's is in flight: 1, so
+// that OpenMP's team is the only one running; restored when the last one
+// ends, for other users of the library (PyTorch in the same process). One
+// count for the process under a lock: products run from several threads at
+// once (inside parallel regions), and a thread that put the old count back
+// while another's call was in flight sent that call to OpenBLAS's pool from
+// two threads at once (a crash, seen under ctest -j2). OpenBLAS 0.3.21 also
+// sets the calling thread's OpenMP thread count when told its own
+// (measured: omp_get_max_threads() read 1 after openblas_set_num_threads(1)),
+// so each caller puts its own back.
+class OneBlasThread {
+ public:
+  OneBlasThread() {
+    const std::lock_guard<std::mutex> lock(state().mutex);
+    if (state().users++ == 0) {
+      state().saved = openblas_get_num_threads();
+      set(1);
+    }
+  }
+  ~OneBlasThread() {
+    const std::lock_guard<std::mutex> lock(state().mutex);
+    if (--state().users == 0) set(state().saved);
+  }
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  struct State {
+    std::mutex mutex;
+    int users = 0, saved = 1;
+  };
+  static State& state() {
+    static State s;
+    return s;
+  }
+  static void set(int threads) {
+    if (openblas_get_num_threads() == threads) return;
+    const int omp = omp_get_max_threads();
+    openblas_set_num_threads(threads);
+    if (omp_get_max_threads() != omp) omp_set_num_threads(omp);
+  }
+};
+
+// C = α·op(A)·op(B) + β·C on OpenBLAS, its rows (or columns, whichever are
+// more) split over OpenMP's threads, each part one single-threaded call.
+// OpenBLAS's own pool beside OpenMP's made two teams take turns on the
+// cores: OpenMP's idle thread spun through every product while OpenBLAS's
+// worker wanted its core, and OpenBLAS's idle worker yielded in a loop
+// through every layer kernel (the small training step spent 19% of its
+// cycles in libgomp's spin; with OPENBLAS_NUM_THREADS=1 it already ran 1.06×
+// faster). Parts are whole multiples of 16 rows or columns, so each is its
+// micro-kernel's full tiles but the last. Inside a parallel region the
+// caller's thread takes the product alone.
+void openblas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const auto call = [&](int64_t m_, int64_t n_, const float* a_, const float* b_, float* c_) {
+    cblas_sgemm(CblasRowMajor, op(ta), op(tb), blasint(m_), blasint(n_), blasint(k), alpha, a_, blasint(lda), b_,
+                blasint(ldb), beta, c_, blasint(ldc));
+  };
+  const OneBlasThread one;
+  const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n, parts = std::min<int64_t>(threads, extent / 16);
+  if (parts <= 1 || m * n * k < (int64_t(1) << 18)) return call(m, n, a, b, c);
+  const int64_t step = ((extent + parts - 1) / parts + 15) / 16 * 16;
+#pragma omp parallel for schedule(static, 1) num_threads(int(parts))
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t first = part * step, count = std::min(step, extent - first);
+    if (count <= 0) continue;
+    if (by_rows) call(count, n, a + (ta ? first : first * lda), b, c + first * ldc);
+    else call(m, count, a, b + (tb ? first * ldb : first), c + first);
+  }
 }
 
 }  // namespace
@@ -99,8 +176,7 @@ void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     if (isa == Isa::avx512) return sgemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (isa == Isa::avx2) return sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-  cblas_sgemm(CblasRowMajor, op(ta), op(tb), blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda), b,
-              blasint(ldb), beta, c, blasint(ldc));
+  openblas_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>
