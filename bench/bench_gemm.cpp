@@ -4,7 +4,9 @@
 // Shapes per configuration: the forward x·Wᵀ (M = B·T rows, N = out, K = in),
 // the input gradient dy·W (M rows, N = in, K = out) and the weight gradient
 // dyᵀ·x (M = out, N = in, K = rows), for the attention projections and both
-// feed-forward layers.
+// feed-forward layers. A third column times OpenBLAS as the layers call it
+// (cpu::gemm: rows or columns split over OpenMP's threads, one OpenBLAS
+// thread each; cpu/gemm.cpp).
 //   build/bench/bench_gemm [--reps 7]
 #include <cblas.h>
 #include <omp.h>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "cpu/flash/dispatch.h"
+#include "cpu/gemm.h"
 #include "cpu/sgemm/sgemm.h"
 #include "measure.h"
 
@@ -31,8 +34,8 @@ int main(int argc, char** argv) {
   const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
   std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s\n", bench::cpu_name().c_str(), omp_get_max_threads(),
               openblas_get_corename(), avx512 ? "avx512" : "avx2");
-  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB", "mha GF/s",
-              "BLAS GF/s");
+  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB", "mha GF/s",
+              "BLAS GF/s", "split GF/s");
   for (const Config& c : configs) {
     struct Product {
       const char* name;
@@ -57,15 +60,22 @@ int main(int argc, char** argv) {
                     blasint(p.n), blasint(p.k), 1.0f, a.data(), blasint(lda), b.data(), blasint(ldb), 1.0f, out.data(),
                     blasint(p.n));
       };
-      ours(), blas();
-      std::vector<double> t_ours, t_blas;
-      for (int r = 0; r < reps; ++r) t_ours.push_back(bench::seconds_of(ours)), t_blas.push_back(bench::seconds_of(blas));
+      auto split = [&] {
+        if (cpu::sgemm_backend() == cpu::GemmBackend::openblas)
+          cpu::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
+      };
+      ours(), blas(), split();
+      std::vector<double> t_ours, t_blas, t_split;
+      for (int r = 0; r < reps; ++r)
+        t_ours.push_back(bench::seconds_of(ours)), t_blas.push_back(bench::seconds_of(blas)),
+            t_split.push_back(bench::seconds_of(split));
       std::sort(t_ours.begin(), t_ours.end());
       std::sort(t_blas.begin(), t_blas.end());
+      std::sort(t_split.begin(), t_split.end());
       const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
-      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f\n", c.name, p.name, (long long)p.m, (long long)p.n,
-                  (long long)p.k, p.ta, p.tb, flops / t_ours[t_ours.size() / 2] / 1e9,
-                  flops / t_blas[t_blas.size() / 2] / 1e9);
+      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f %10.1f\n", c.name, p.name, (long long)p.m,
+                  (long long)p.n, (long long)p.k, p.ta, p.tb, flops / t_ours[t_ours.size() / 2] / 1e9,
+                  flops / t_blas[t_blas.size() / 2] / 1e9, flops / t_split[t_split.size() / 2] / 1e9);
     }
   }
   return 0;
