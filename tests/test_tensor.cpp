@@ -148,13 +148,24 @@ TEST(Random, StreamsDoNotDependOnThreadCount) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
   Generator g1(42);
-  std::vector<double> one = randn({1000}, g1).to_vector();
+  std::vector<double> one = randn({10000}, g1).to_vector();  // past the size that fills on several threads
   omp_set_num_threads(2);
   Generator g2(42);
-  std::vector<double> two = randn({1000}, g2).to_vector();
+  std::vector<double> two = randn({10000}, g2).to_vector();
   omp_set_num_threads(saved);
   EXPECT_EQ(one, two);
   EXPECT_EQ(g1.offset(), g2.offset());
+}
+
+TEST(Random, NextUniformIsTheValueOfAOneElementTensor) {
+  Generator a(7), b(7);
+  for (int i = 0; i < 100; ++i) {
+    const double u = a.next_uniform();
+    EXPECT_EQ(u, rand_uniform({1}, b, 0.0, 1.0, DType::float64).item({0}));
+    EXPECT_GE(u, 0.0);
+    EXPECT_LT(u, 1.0);
+    EXPECT_EQ(a.offset(), b.offset());
+  }
 }
 
 TEST(Random, MomentsAndDistinctStreams) {

@@ -27,6 +27,9 @@ class Generator {
   }
   // A fresh 64-bit value, e.g. a dropout seed.
   uint64_t next_u64();
+  // A uniform double in [0, 1): the value rand_uniform({1}, *this, 0, 1,
+  // float64) would hold, without a tensor (one counter, as it takes).
+  double next_uniform();
 
  private:
   uint64_t seed_ = 0;

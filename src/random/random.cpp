@@ -31,7 +31,9 @@ Tensor fill_random(const Shape& shape, Generator& gen, DType dtype, Fill&& value
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = t.data<T>();
-#pragma omp parallel for schedule(static)
+    // A region costs a wake-up and a barrier: not for a few values (a task's
+    // examples draw one at a time).
+#pragma omp parallel for schedule(static) if (n >= 4096)
     for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(value(philox_block(gen.seed(), 0, base + uint64_t(i))));
   });
   return t;
@@ -42,6 +44,11 @@ Tensor fill_random(const Shape& shape, Generator& gen, DType dtype, Fill&& value
 uint64_t Generator::next_u64() {
   PhiloxBlock b = philox_block(seed_, 1, advance(1));
   return (uint64_t(b[0]) << 32) | b[1];
+}
+
+double Generator::next_uniform() {
+  const PhiloxBlock b = philox_block(seed_, 0, advance(1));
+  return 1.0 - unit_open_closed(b[0], b[1]);
 }
 
 Tensor rand_uniform(const Shape& shape, Generator& gen, double low, double high, DType dtype) {

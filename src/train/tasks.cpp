@@ -12,7 +12,7 @@ namespace mha::train {
 namespace {
 
 int64_t uniform_int(Generator& gen, int64_t lo, int64_t hi) {  // inclusive
-  const double u = rand_uniform({1}, gen, 0.0, 1.0, DType::float64).item({0});
+  const double u = gen.next_uniform();
   return lo + std::min<int64_t>(hi - lo, int64_t(u * double(hi - lo + 1)));
 }
 
