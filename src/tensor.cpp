@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <sstream>
 
@@ -319,6 +320,11 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+namespace {
+// Elements from which a copy or fill runs on every thread.
+constexpr int64_t kParallelCopy = int64_t(1) << 15;
+}  // namespace
+
 void Tensor::copy_(const Tensor& src) {
   const char* fn = "mha::Tensor::copy_";
   if (!defined() || !src.defined())
@@ -334,10 +340,17 @@ void Tensor::copy_(const Tensor& src) {
       using S = decltype(stag);
       D* d = data<D>();
       const S* s = src.data<S>();
-      for_each_offset2(shape_, strides_, src.strides_, [&](int64_t od, int64_t os) {
-        if constexpr (std::is_same_v<D, S>) d[od] = s[os];
-        else d[od] = from_double<D>(to_double(s[os]));
-      });
+      // Row by row, on every thread for large copies (a layer's heads to
+      // its rows and back: serial, they left the other core idle).
+      for_each_row2(shape_, strides_, src.strides_, kParallelCopy,
+                    [&](int64_t od, int64_t os, int64_t n, int64_t step_d, int64_t step_s) {
+                      if constexpr (std::is_same_v<D, S>) {
+                        if (step_d == 1 && step_s == 1) return void(std::memcpy(d + od, s + os, size_t(n) * sizeof(D)));
+                        for (int64_t i = 0; i < n; ++i) d[od + i * step_d] = s[os + i * step_s];
+                      } else {
+                        for (int64_t i = 0; i < n; ++i) d[od + i * step_d] = from_double<D>(to_double(s[os + i * step_s]));
+                      }
+                    });
     });
   });
 }
@@ -348,7 +361,9 @@ void Tensor::fill_(double value) {
     using T = decltype(tag);
     T v = from_double<T>(value);
     T* d = data<T>();
-    for_each_offset(shape_, strides_, [&](int64_t o) { d[o] = v; });
+    for_each_row2(shape_, strides_, strides_, kParallelCopy, [&](int64_t o, int64_t, int64_t n, int64_t step, int64_t) {
+      for (int64_t i = 0; i < n; ++i) d[o + i * step] = v;
+    });
   });
 }
 

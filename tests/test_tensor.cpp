@@ -70,6 +70,38 @@ TEST(Tensor, FromBlobViewsForeignMemoryAndKeepsItsOwnerAlive) {
   EXPECT_EQ(Tensor::from_blob(nullptr, {0, 3}, {3, 1}, DType::float32, nullptr).numel(), 0);
 }
 
+// Copies and fills large enough to run on every thread (tensor.cpp,
+// strided.h: rows split over threads, each thread's first index decomposed):
+// every element lands where a serial walk puts it, through views that
+// permute, slice and change dtype, with the row lengths as they come.
+TEST(Tensor, LargeCopiesAndFillsThroughViews) {
+  const Shape shape{3, 50, 7, 41};
+  std::vector<double> values(size_t(shape_numel(shape)));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = double(i);
+  const Tensor src = Tensor::from_values(values, shape);
+  for (const auto& [perm, dtype] : {std::pair{std::vector<int64_t>{0, 1, 2, 3}, DType::float32},
+                                    {{2, 0, 3, 1}, DType::float32}, {{1, 3, 0, 2}, DType::float64}, {{3, 2, 1, 0}, DType::bfloat16}}) {
+    const Tensor view = src.permute(perm);
+    Tensor dst = Tensor::empty(view.shape(), dtype);
+    dst.copy_(view);
+    const Shape& s = view.shape();
+    for (int64_t a = 0; a < s[0]; ++a)
+      for (int64_t b = 0; b < s[1]; b += 3)
+        for (int64_t c = 0; c < s[2]; ++c)
+          for (int64_t d = 0; d < s[3]; d += 2) {
+            const double want = view.item({a, b, c, d});
+            ASSERT_EQ(dst.item({a, b, c, d}), dtype == DType::bfloat16 ? double(float(bfloat16(float(want)))) : want);
+          }
+  }
+  Tensor big = Tensor::zeros({3, 50, 7, 41});
+  big.slice(1, 10, 40).transpose(0, 3).fill_(2.5);
+  const std::vector<double> filled = big.to_vector();
+  for (int64_t i = 0; i < int64_t(filled.size()); ++i) {
+    const int64_t j = i / (7 * 41) % 50;
+    ASSERT_EQ(filled[size_t(i)], j >= 10 && j < 40 ? 2.5 : 0.0) << i;
+  }
+}
+
 TEST(Tensor, TransposeSliceSelectViewsShareStorage) {
   std::vector<double> v(12);
   for (int i = 0; i < 12; ++i) v[size_t(i)] = i;
