@@ -254,15 +254,18 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
                          {2, 40000, 5}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
-        for (bool nested : {false, true}) {
+        for (bool nested : {false, true})
+          for (bool with_bias : {false, true}) {
           SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
-                       (tb ? " tb" : "") + (nested ? " in a parallel region" : ""));
+                       (tb ? " tb" : "") + (nested ? " in a parallel region" : "") + (with_bias ? " + bias" : ""));
           const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
           const std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 21),
                                    b = random_floats(size_t((tb ? n : k) * ldb), 22);
+          const std::vector<float> bias = random_floats(size_t(n), 23);
           std::vector<float> c(size_t(m * ldc), std::numeric_limits<float>::quiet_NaN());
-          const auto product = [&] {
-            cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+          const auto product = [&] {  // gemm_bias: C = op(A) op(B) + bias on every row; C not read
+            if (with_bias) cpu::gemm_bias(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, bias.data(), c.data(), ldc);
+            else cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
           };
           if (nested) {
 #pragma omp parallel num_threads(2)
@@ -278,8 +281,11 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
               for (int64_t p = 0; p < k; ++p)
                 s += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
                      double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+              if (with_bias) s += double(bias[size_t(j)]);
               ASSERT_NEAR(c[size_t(i * ldc + j)], s, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
             }
+          for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
+            for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i * ldc + j)]));
         }
 }
 

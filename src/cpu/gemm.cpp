@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/scratch.h"
@@ -107,24 +108,34 @@ class OneBlasThread {
 // faster). Parts are whole multiples of 16 rows or columns, so each is its
 // micro-kernel's full tiles but the last. Inside a parallel region the
 // caller's thread takes the product alone.
+// C rows [r0, r0 + rows), columns [c0, c0 + cols) = bias[c0 …] (or 0).
+template <class T>
+void fill_with_bias(T* c, int64_t ldc, int64_t r0, int64_t rows, int64_t c0, int64_t cols, const T* bias) {
+  for (int64_t r = r0; r < r0 + rows; ++r)
+    for (int64_t j = c0; j < c0 + cols; ++j) c[r * ldc + j] = bias ? bias[j] : T(0);
+}
+
 void openblas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const auto call = [&](int64_t m_, int64_t n_, const float* a_, const float* b_, float* c_) {
-    cblas_sgemm(CblasRowMajor, op(ta), op(tb), blasint(m_), blasint(n_), blasint(k), alpha, a_, blasint(lda), b_,
-                blasint(ldb), beta, c_, blasint(ldc));
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr) {
+  // With a bias, each part of C first holds it, then takes the product (β = 1).
+  const auto call = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+    if (bias) fill_with_bias(c, ldc, r0, rows, c0, cols, bias);
+    cblas_sgemm(CblasRowMajor, op(ta), op(tb), blasint(rows), blasint(cols), blasint(k), alpha,
+                a + (ta ? r0 : r0 * lda), blasint(lda), b + (tb ? c0 * ldb : c0), blasint(ldb), bias ? 1.0f : beta,
+                c + r0 * ldc + c0, blasint(ldc));
   };
   const OneBlasThread one;
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n, parts = std::min<int64_t>(threads, extent / 16);
-  if (parts <= 1 || m * n * k < (int64_t(1) << 18)) return call(m, n, a, b, c);
+  if (parts <= 1 || m * n * k < (int64_t(1) << 18)) return call(0, m, 0, n);
   const int64_t step = ((extent + parts - 1) / parts + 15) / 16 * 16;
 #pragma omp parallel for schedule(static, 1) num_threads(int(parts))
   for (int64_t part = 0; part < parts; ++part) {
     const int64_t first = part * step, count = std::min(step, extent - first);
     if (count <= 0) continue;
-    if (by_rows) call(count, n, a + (ta ? first : first * lda), b, c + first * ldc);
-    else call(m, count, a, b + (tb ? first * ldb : first), c + first);
+    if (by_rows) call(first, count, 0, n);
+    else call(0, m, first, count);
   }
 }
 
@@ -198,6 +209,27 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   const float* fb = widen(b, b_rows, b_cols, ldb, ScratchSlot::widen_b);
   gemm<float>(ta, tb, m, n, k, alpha, fa, a_cols > 0 ? a_cols : 1, fb, b_cols > 0 ? b_cols : 1, beta, c, ldc);
 }
+
+template <class T, class A>
+void gemm_bias(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b, int64_t ldb,
+               const T* bias, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k > 0 && !bias) return gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), c, ldc);
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<A, float>) {
+    if (k > 0 && sgemm_backend() == GemmBackend::openblas)
+      return openblas_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, bias);
+  }
+#pragma omp parallel for schedule(static) if (m * n >= (int64_t(1) << 15) && !omp_in_parallel())
+  for (int64_t r = 0; r < m; ++r) fill_with_bias(c, ldc, r, 1, 0, n, bias);
+  if (k > 0) gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(1), c, ldc);
+}
+
+template void gemm_bias<float, float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                      int64_t, const float*, float*, int64_t);
+template void gemm_bias<double, double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
+                                        int64_t, const double*, double*, int64_t);
+template void gemm_bias<float, bfloat16>(bool, bool, int64_t, int64_t, int64_t, const bfloat16*, int64_t,
+                                         const bfloat16*, int64_t, const float*, float*, int64_t);
 
 void round_to_bf16(const float* src, bfloat16* dst, int64_t n) {
   if (active_isa() == Isa::avx512) return round_to_bf16_avx512(src, dst, n);

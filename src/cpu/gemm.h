@@ -31,6 +31,14 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
           int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// C = op(A)·op(B) + bias: the n values of bias added to every row of C (a
+// null bias adds 0; C is not read). A may be T, or bfloat16 with T float.
+// On OpenBLAS each thread writes the bias into its own part of C just before
+// its part of the product, instead of a pass over C on one thread first.
+template <class T, class A>
+void gemm_bias(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda,
+               const A* b, int64_t ldb, const T* bias, T* c, int64_t ldc);
+
 // Whether vdpbf16ps outruns float32 FMAs here, so that bfloat16 products pay:
 // on AMD's Zen 4 and later (two products per lane per instruction on the same
 // pipes: twice the FP32 rate); not on Intel's Xeons up to the 5th generation,

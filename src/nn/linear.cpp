@@ -52,14 +52,8 @@ Tensor Linear::forward(const Tensor& x) {
     using A = decltype(operand_tag);
     saved_x_ = as_operand<A>(x);
     const Tensor& w = weight_operand<A>(weight, bf16_, 0, training_);
-    T* yp = y.data<T>();
-    if (bias.defined()) {
-      const T* b = bias.data<T>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < out; ++o) yp[r * out + o] = b[o];
-    }
-    cpu::gemm(false, true, rows, out, in, T(1), saved_x_.data<A>(), in, w.data<A>(), in, bias.defined() ? T(1) : T(0),
-              yp, out);
+    cpu::gemm_bias(false, true, rows, out, in, saved_x_.data<A>(), in, w.data<A>(), in,
+                   bias.defined() ? bias.data<T>() : nullptr, y.data<T>(), out);
   });
   return y;
 }

@@ -43,28 +43,13 @@ inline SeqLayout layout_of(const Shape& shape, bool batch_first) {
 // of N·L rows, row stride seq_stride.
 inline bool rows_in_order(const SeqLayout& s) { return s.N == 1 || s.batch_stride == s.L * s.seq_stride; }
 
-// Every one of `rows` rows (stride ld, width W) ← bias, or 0.
-template <class T>
-void fill_rows(T* y, int64_t rows, int64_t W, int64_t ld, const T* bias) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t e = 0; e < W; ++e) y[r * ld + e] = bias ? bias[e] : T(0);
-}
 
 // y_n = x_n Wᵀ + b for each batch entry n: W (Y, X), y (N, L, Y) contiguous.
 template <class T, class A>
 void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t Y, T* y) {
-  if (rows_in_order(xs)) {
-    const int64_t rows = xs.N * xs.L;
-    if (bias) fill_rows(y, rows, Y, Y, bias);
-    cpu::gemm(false, true, rows, Y, xs.X, T(1), x, xs.seq_stride, w, xs.X, bias ? T(1) : T(0), y, Y);
-    return;
-  }
-  for (int64_t n = 0; n < xs.N; ++n) {
-    T* yn = y + n * xs.L * Y;
-    if (bias) fill_rows(yn, xs.L, Y, Y, bias);
-    cpu::gemm(false, true, xs.L, Y, xs.X, T(1), x + n * xs.batch_stride, xs.seq_stride, w, xs.X,
-              bias ? T(1) : T(0), yn, Y);
-  }
+  if (rows_in_order(xs)) return cpu::gemm_bias(false, true, xs.N * xs.L, Y, xs.X, x, xs.seq_stride, w, xs.X, bias, y, Y);
+  for (int64_t n = 0; n < xs.N; ++n)
+    cpu::gemm_bias(false, true, xs.L, Y, xs.X, x + n * xs.batch_stride, xs.seq_stride, w, xs.X, bias, y + n * xs.L * Y, Y);
 }
 
 // Backward of project for rows [0, L) of dy (N, Ly, Y), given as T (for
@@ -95,17 +80,10 @@ void project_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const
 template <class T, class A>
 void project_out(const A* heads, int64_t I, const SeqLayout& os, const A* w, const T* bias, T* output) {
   const int64_t D = os.X;
-  if (rows_in_order(os)) {
-    const int64_t rows = os.N * os.L;
-    fill_rows(output, rows, D, os.seq_stride, bias);
-    if (I > 0) cpu::gemm(false, true, rows, D, I, T(1), heads, I, w, I, T(1), output, os.seq_stride);
-    return;
-  }
-  for (int64_t n = 0; n < os.N; ++n) {
-    T* yn = output + n * os.batch_stride;
-    fill_rows(yn, os.L, D, os.seq_stride, bias);
-    if (I > 0) cpu::gemm(false, true, os.L, D, I, T(1), heads + n * os.L * I, I, w, I, T(1), yn, os.seq_stride);
-  }
+  if (rows_in_order(os)) return cpu::gemm_bias(false, true, os.N * os.L, D, I, heads, I, w, I, bias, output, os.seq_stride);
+  for (int64_t n = 0; n < os.N; ++n)
+    cpu::gemm_bias(false, true, os.L, D, I, heads + n * os.L * I, I, w, I, bias, output + n * os.batch_stride,
+                   os.seq_stride);
 }
 
 // (N, R, H·hd) contiguous  <->  (N, H, R, hd) view of the same memory.
