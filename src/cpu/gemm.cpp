@@ -111,8 +111,10 @@ class OneBlasThread {
 // C rows [r0, r0 + rows), columns [c0, c0 + cols) = bias[c0 …] (or 0).
 template <class T>
 void fill_with_bias(T* c, int64_t ldc, int64_t r0, int64_t rows, int64_t c0, int64_t cols, const T* bias) {
-  for (int64_t r = r0; r < r0 + rows; ++r)
-    for (int64_t j = c0; j < c0 + cols; ++j) c[r * ldc + j] = bias ? bias[j] : T(0);
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    if (bias) std::memcpy(c + r * ldc + c0, bias + c0, size_t(cols) * sizeof(T));
+    else std::fill(c + r * ldc + c0, c + r * ldc + c0 + cols, T(0));
+  }
 }
 
 void openblas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
