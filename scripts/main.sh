@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: install what is missing, build in Release, then train a small
-# Transformer on the copy task, report its held-out exact match (about half a
-# minute on 2 cores) and draw its attention, layer by layer and head by head,
+# Transformer on the copy task, report its held-out exact match (about ten
+# seconds on 2 cores) and draw its attention, layer by layer and head by head,
 # to runs/copy/attention.png and an offline page to explore, runs/copy/attention.html. With arguments, runs `mha ARGS…` instead, e.g.
 #   bash scripts/main.sh demo
 #   bash scripts/main.sh train --task reverse --out runs/reverse
