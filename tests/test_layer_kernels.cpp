@@ -43,6 +43,16 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, doub
         << what << " at " << i << ": " << a[i] << " vs " << b[i];
 }
 
+// Σ_p op(A)[i][p]·op(B)[p][j] in double, A and B stored row-major with leading dimensions lda, ldb.
+double product_entry(const std::vector<float>& a, int64_t lda, bool ta, const std::vector<float>& b, int64_t ldb,
+                     bool tb, int64_t i, int64_t j, int64_t k) {
+  double s = 0;
+  for (int64_t p = 0; p < k; ++p)
+    s += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
+         double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+  return s;
+}
+
 constexpr cpu::ActivationKind kKinds[] = {cpu::ActivationKind::relu, cpu::ActivationKind::gelu,
                                           cpu::ActivationKind::gelu_tanh};
 
@@ -230,11 +240,8 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
           else cpu::gemm<float>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) {
-              double s = 0;
-              for (int64_t p = 0; p < k; ++p)
-                s += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
-                     double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
-              const double want = alpha * s + (beta == 0.0f ? 0.0 : beta * double(c_ref[size_t(i * ldc + j)]));
+              const double want = alpha * product_entry(a, lda, ta, b, ldb, tb, i, j, k) +
+                                  (beta == 0.0f ? 0.0 : beta * double(c_ref[size_t(i * ldc + j)]));
               ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
             }
           for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
@@ -256,37 +263,32 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
       for (bool tb : {false, true})
         for (bool nested : {false, true})
           for (bool with_bias : {false, true}) {
-          SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
-                       (tb ? " tb" : "") + (nested ? " in a parallel region" : "") + (with_bias ? " + bias" : ""));
-          const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
-          const std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 21),
-                                   b = random_floats(size_t((tb ? n : k) * ldb), 22);
-          const std::vector<float> bias = random_floats(size_t(n), 23);
-          std::vector<float> c(size_t(m * ldc), std::numeric_limits<float>::quiet_NaN());
-          const auto product = [&] {  // gemm_bias: C = op(A) op(B) + bias on every row; C not read
-            if (with_bias) cpu::gemm_bias(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, bias.data(), c.data(), ldc);
-            else cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
-          };
-          if (nested) {
+            SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
+                         (tb ? " tb" : "") + (nested ? " in a parallel region" : "") + (with_bias ? " + bias" : ""));
+            const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
+            const std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 21),
+                                     b = random_floats(size_t((tb ? n : k) * ldb), 22), bias = random_floats(size_t(n), 23);
+            std::vector<float> c(size_t(m * ldc), std::numeric_limits<float>::quiet_NaN());
+            const auto product = [&] {  // gemm_bias: C = op(A) op(B) + bias on every row; C not read
+              if (with_bias) cpu::gemm_bias(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, bias.data(), c.data(), ldc);
+              else cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+            };
+            if (nested) {
 #pragma omp parallel num_threads(2)
 #pragma omp single
-            product();
-          } else {
-            product();
-          }
-          EXPECT_EQ(omp_get_max_threads(), before);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              double s = 0;
-              for (int64_t p = 0; p < k; ++p)
-                s += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
-                     double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
-              if (with_bias) s += double(bias[size_t(j)]);
-              ASSERT_NEAR(c[size_t(i * ldc + j)], s, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
+              product();
+            } else {
+              product();
             }
-          for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
-            for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i * ldc + j)]));
-        }
+            EXPECT_EQ(omp_get_max_threads(), before);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                const double want = product_entry(a, lda, ta, b, ldb, tb, i, j, k) + (with_bias ? bias[size_t(j)] : 0.0);
+                ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
+              }
+            for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
+              for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i * ldc + j)]));
+          }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, LayerKernels, ::testing::ValuesIn(cpu::supported_isas()), isa_name);
