@@ -98,16 +98,6 @@ class OneBlasThread {
   }
 };
 
-// C = α·op(A)·op(B) + β·C on OpenBLAS, its rows (or columns, whichever are
-// more) split over OpenMP's threads, each part one single-threaded call.
-// OpenBLAS's own pool beside OpenMP's made two teams take turns on the
-// cores: OpenMP's idle thread spun through every product while OpenBLAS's
-// worker wanted its core, and OpenBLAS's idle worker yielded in a loop
-// through every layer kernel (the small training step spent 19% of its
-// cycles in libgomp's spin; with OPENBLAS_NUM_THREADS=1 it already ran 1.06×
-// faster). Parts are whole multiples of 16 rows or columns, so each is its
-// micro-kernel's full tiles but the last. Inside a parallel region the
-// caller's thread takes the product alone.
 // C rows [r0, r0 + rows), columns [c0, c0 + cols) = bias[c0 …] (or 0).
 template <class T>
 void fill_with_bias(T* c, int64_t ldc, int64_t r0, int64_t rows, int64_t c0, int64_t cols, const T* bias) {
@@ -117,9 +107,19 @@ void fill_with_bias(T* c, int64_t ldc, int64_t r0, int64_t rows, int64_t c0, int
   }
 }
 
+// C = α·op(A)·op(B) + β·C on OpenBLAS, its rows (or columns, whichever are
+// more) split over OpenMP's threads, each part one single-threaded call.
+// OpenBLAS's own pool beside OpenMP's made two teams take turns on the
+// cores: OpenMP's idle thread spun through every product while OpenBLAS's
+// worker wanted its core, and OpenBLAS's idle worker yielded in a loop
+// through every layer kernel (the small training step spent 19% of its
+// cycles in libgomp's spin; with OPENBLAS_NUM_THREADS=1 it already ran 1.06×
+// faster). Parts are whole multiples of 16 rows or columns, so each is its
+// micro-kernel's full tiles but the last. Inside a parallel region the
+// caller's thread takes the product alone. With a bias (β then 1), each
+// thread writes it into its part of C just before its product.
 void openblas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                     const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr) {
-  // With a bias, each part of C first holds it, then takes the product (β = 1).
   const auto call = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
     if (bias) fill_with_bias(c, ldc, r0, rows, c0, cols, bias);
     cblas_sgemm(CblasRowMajor, op(ta), op(tb), blasint(rows), blasint(cols), blasint(k), alpha,
