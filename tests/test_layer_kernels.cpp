@@ -257,12 +257,13 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
 // (OpenBLAS sets it when told its own).
 TEST(Gemm, SplitOverThreadsMatchesReference) {
   const int before = omp_get_max_threads();
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 129}, {67, 1001, 129}, {129, 130, 131},
-                         {2, 40000, 5}})
+  for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 129}, {67, 1001, 129}, {129, 130, 131},
+                             {2, 40000, 5}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (bool nested : {false, true})
           for (bool with_bias : {false, true}) {
+            const int64_t m = std::get<0>(shape), n = std::get<1>(shape), k = std::get<2>(shape);  // (the lambda captures them)
             SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
                          (tb ? " tb" : "") + (nested ? " in a parallel region" : "") + (with_bias ? " + bias" : ""));
             const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
