@@ -18,6 +18,9 @@ double unit_open_closed(uint32_t hi, uint32_t lo) {
   return (double(bits & ((uint64_t(1) << 53) - 1)) + 1.0) / 9007199254740992.0;
 }
 
+// Uniform in [0, 1) from a block's first two words.
+double uniform_of(const PhiloxBlock& b) { return 1.0 - unit_open_closed(b[0], b[1]); }
+
 void check_floating(DType dtype, const char* fn) {
   if (!is_floating(dtype))
     throw DtypeError(std::string("[") + fn + "] dtype: expected a floating dtype; got " + to_string(dtype));
@@ -47,8 +50,7 @@ uint64_t Generator::next_u64() {
 }
 
 double Generator::next_uniform() {
-  const PhiloxBlock b = philox_block(seed_, 0, advance(1));
-  return 1.0 - unit_open_closed(b[0], b[1]);
+  return uniform_of(philox_block(seed_, 0, advance(1)));
 }
 
 Tensor rand_uniform(const Shape& shape, Generator& gen, double low, double high, DType dtype) {
@@ -58,7 +60,7 @@ Tensor rand_uniform(const Shape& shape, Generator& gen, double low, double high,
                      std::to_string(low) + ", " + std::to_string(high));
   check_floating(dtype, fn);
   return fill_random(shape, gen, dtype, [&](const PhiloxBlock& b) {
-    return low + (high - low) * (1.0 - unit_open_closed(b[0], b[1]));
+    return low + (high - low) * uniform_of(b);
   });
 }
 
@@ -79,7 +81,7 @@ Tensor rand_bool(const Shape& shape, Generator& gen, double p) {
   if (!(p >= 0.0 && p <= 1.0))
     throw ValueError(std::string("[") + fn + "] p: expected in [0, 1]; got " + std::to_string(p));
   return fill_random(shape, gen, DType::boolean, [&](const PhiloxBlock& b) {
-    return (1.0 - unit_open_closed(b[0], b[1])) < p ? 1.0 : 0.0;
+    return uniform_of(b) < p ? 1.0 : 0.0;
   });
 }
 

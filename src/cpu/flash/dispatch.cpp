@@ -94,6 +94,14 @@ struct Loader {
     if (dtype == DType::bfloat16) return float(static_cast<const bfloat16*>(base)[offset]);
     return static_cast<const float*>(base)[offset];
   }
+  // f(typed pointer to element `offset`): the element type looked at once
+  // for a whole loop (per element it cost as much as the backward's
+  // products at E = 32, L = 131).
+  template <class F>
+  decltype(auto) typed(int64_t offset, F&& f) const {
+    if (dtype == DType::bfloat16) return f(static_cast<const bfloat16*>(base) + offset);
+    return f(static_cast<const float*>(base) + offset);
+  }
 };
 
 Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
@@ -196,24 +204,15 @@ void fill_dropout(const void* ctx, int64_t i0, int64_t rows, int64_t j0, int64_t
 }
 
 // qt (E × br) = Q rows [i0, i0+rows) transposed, times `factor`; pad columns 0.
-// (The element type is looked at once: per element it cost as much as the
-// backward's products at E = 32, L = 131.)
-template <class T>
-void pack_transposed_of(const T* src, int64_t row, int64_t col, int64_t rows, int64_t E, int64_t br, float factor,
-                        float* qt) {
-  for (int64_t e = 0; e < E; ++e) {
-    float* dst = qt + e * br;
-    for (int64_t i = 0; i < rows; ++i) dst[i] = float(src[i * row + e * col]) * factor;
-    for (int64_t i = rows; i < br; ++i) dst[i] = 0.0f;
-  }
-}
-
 void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
                      int64_t E, int64_t br, float factor, float* qt) {
-  const int64_t first = base + i0 * row;
-  if (src.dtype == DType::bfloat16)
-    return pack_transposed_of(static_cast<const bfloat16*>(src.base) + first, row, col, rows, E, br, factor, qt);
-  pack_transposed_of(static_cast<const float*>(src.base) + first, row, col, rows, E, br, factor, qt);
+  src.typed(base + i0 * row, [&](const auto* first) {
+    for (int64_t e = 0; e < E; ++e) {
+      float* dst = qt + e * br;
+      for (int64_t i = 0; i < rows; ++i) dst[i] = float(first[i * row + e * col]) * factor;
+      for (int64_t i = rows; i < br; ++i) dst[i] = 0.0f;
+    }
+  });
 }
 
 }  // namespace
@@ -355,25 +354,23 @@ struct BackwardPlan {
     }
     // D_i = Σ_e dO_ie·O_ie in double, in four running sums (one chain of
     // dependent adds took as long as the backward's products at E = 32).
-    const auto delta_of = [&](const auto* out_rows, int64_t i) {
-      const float* d = d_rows + i * douts.row;
-      const auto* o = out_rows + i * Ev;
-      double part[4] = {};
-      int64_t e = 0;
-      for (; e + 4 <= Ev; e += 4)
-        for (int u = 0; u < 4; ++u) part[u] += double(d[e + u]) * double(float(o[e + u]));
-      for (; e < Ev; ++e) part[0] += double(d[e]) * double(float(o[e]));
-      return (part[0] + part[1]) + (part[2] + part[3]);
-    };
-    for (int64_t i = 0; i < L_pad; ++i) {
-      double delta = 0;
-      if (i < L)
-        delta = o.dtype == DType::bfloat16 ? delta_of(static_cast<const bfloat16*>(o.base) + b * L * Ev, i)
-                                           : delta_of(static_cast<const float*>(o.base) + b * L * Ev, i);
-      const float li = i < L ? l[b * L + i] : -INFINITY;
-      d.lse2[i] = li == -INFINITY ? INFINITY : li * kLog2e;
-      d.delta[i] = float(delta);
-    }
+    o.typed(b * L * Ev, [&](const auto* out_rows) {
+      for (int64_t i = 0; i < L_pad; ++i) {
+        double part[4] = {};
+        if (i < L) {
+          const float* dr = d_rows + i * douts.row;
+          const auto* orow = out_rows + i * Ev;
+          int64_t e = 0;
+          for (; e + 4 <= Ev; e += 4)
+            for (int u = 0; u < 4; ++u) part[u] += double(dr[e + u]) * double(float(orow[e + u]));
+          for (; e < Ev; ++e) part[0] += double(dr[e]) * double(float(orow[e]));
+        }
+        const double delta = (part[0] + part[1]) + (part[2] + part[3]);
+        const float li = i < L ? l[b * L + i] : -INFINITY;
+        d.lse2[i] = li == -INFINITY ? INFINITY : li * kLog2e;
+        d.delta[i] = float(delta);
+      }
+    });
   }
 
   FlashBackwardHead head(int64_t b, const Packed& d, const DropoutContext& drop, float* scratch) const {
