@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cpu/flash/dispatch.h"
+#include "cpu/fma_rate.h"
 #include "cpu/gemm.h"
 #include "cpu/layers/layers.h"
 #include "cpu/reference/layers.h"
@@ -257,6 +258,7 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
 // (OpenBLAS sets it when told its own).
 TEST(Gemm, SplitOverThreadsMatchesReference) {
   const int before = omp_get_max_threads();
+  for (const cpu::GemmBackend backend : {cpu::GemmBackend::openblas, cpu::GemmBackend::mha})
   for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 129}, {67, 1001, 129}, {129, 130, 131},
                              {2, 40000, 5}})
     for (bool ta : {false, true})
@@ -264,7 +266,7 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
         for (bool nested : {false, true})
           for (bool with_bias : {false, true}) {
             const int64_t m = std::get<0>(shape), n = std::get<1>(shape), k = std::get<2>(shape);  // (the lambda captures them)
-            SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
+            SCOPED_TRACE(std::string(backend == cpu::GemmBackend::mha ? "mha " : "OpenBLAS ") + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
                          (tb ? " tb" : "") + (nested ? " in a parallel region" : "") + (with_bias ? " + bias" : ""));
             const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
             const std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 21),
@@ -274,6 +276,7 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
               if (with_bias) cpu::gemm_bias(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, bias.data(), c.data(), ldc);
               else cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
             };
+            cpu::force_sgemm_backend(backend);
             if (nested) {
 #pragma omp parallel num_threads(2)
 #pragma omp single
@@ -281,6 +284,7 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
             } else {
               product();
             }
+            cpu::force_sgemm_backend(std::nullopt);
             EXPECT_EQ(omp_get_max_threads(), before);
             for (int64_t i = 0; i < m; ++i)
               for (int64_t j = 0; j < n; ++j) {
@@ -290,6 +294,40 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
             for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
               for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i * ldc + j)]));
           }
+}
+
+// Which CPUs keep OpenBLAS: its AVX-512 sets always, its AVX2 sets unless
+// the active kernels are AVX-512 on full-width pipes (Zen 5 under 0.3.21,
+// which calls it Haswell), an older fallback (Prescott) never; without AVX2
+// there is nothing else.
+TEST(Gemm, OpenBlasKeptWhereItsKernelsMatchTheCpu) {
+  for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    EXPECT_TRUE(cpu::openblas_suits(core, true, true)) << core;
+    EXPECT_TRUE(cpu::openblas_suits(core, true, false)) << core;
+  }
+  for (const char* core : {"Haswell", "Zen"}) {
+    EXPECT_TRUE(cpu::openblas_suits(core, true, false)) << core;
+    EXPECT_FALSE(cpu::openblas_suits(core, true, true)) << core;
+  }
+  EXPECT_FALSE(cpu::openblas_suits("Prescott", true, false));
+  EXPECT_FALSE(cpu::openblas_suits("Prescott", true, true));
+  EXPECT_TRUE(cpu::openblas_suits("Prescott", false, false));
+}
+
+// The FMA-rate probe behind that choice: each supported kind runs at a
+// positive rate, an unsupported one is reported as such, and without
+// AVX-512 the 512-bit rate cannot double anything.
+TEST(Gemm, FmaRateProbe) {
+  for (const cpu::FmaKind kind : {cpu::FmaKind::f32_256, cpu::FmaKind::f32_512, cpu::FmaKind::bf16_512}) {
+    if (!cpu::fma_supported(kind)) continue;
+    EXPECT_GT(cpu::fma_gflops_one_thread(kind, 10000, 2), 0.0);
+    EXPECT_GT(cpu::fma_iteration_flops(kind), 0.0);
+  }
+  EXPECT_EQ(cpu::fma_supported(cpu::FmaKind::f32_512), bool(__builtin_cpu_supports("avx512f")));
+  if (!cpu::fma_supported(cpu::FmaKind::f32_512)) {
+    EXPECT_FALSE(cpu::avx512_doubles_fma_rate());
+  }
+  EXPECT_EQ(cpu::avx512_doubles_fma_rate(), cpu::avx512_doubles_fma_rate());  // measured once
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, LayerKernels, ::testing::ValuesIn(cpu::supported_isas()), isa_name);

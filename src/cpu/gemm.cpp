@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "cpu/flash/dispatch.h"
+#include "cpu/fma_rate.h"
 #include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
 #include "mha/errors.h"
@@ -40,19 +41,33 @@ const float* widen(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld, 
   return dst;
 }
 
-// Whether OpenBLAS runs FMA kernels on this CPU. Its DYNAMIC_ARCH build picks
-// a kernel set from the CPU model; a model newer than the build (0.3.21 on a
-// 5th-generation Xeon, say) falls back to "Prescott", SSE3 code at a sixth of
-// the AVX-512 rate (51 vs 300 GFLOP/s at 2048³ on 2 cores, measured). Its
-// AVX2 sets (Haswell, Zen) count as matching: on AMD's AVX-512 cores they
-// run at the same FP32 rate (two 256-bit pipes), and it sustains ~86% of
-// peak there (sgemm 2048³ on a 2-core Zen 4).
-bool openblas_matches_cpu() {
-  if (!__builtin_cpu_supports("avx2")) return true;
-  const std::string core = openblas_get_corename();
-  for (const char* fma_core : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
-    if (core == fma_core) return true;
+}  // namespace
+
+// OpenBLAS's DYNAMIC_ARCH build picks a kernel set from the CPU model; a
+// model newer than the build falls back to an older set: "Prescott", SSE3
+// code at a sixth of the AVX-512 rate (0.3.21 on a 5th-generation Xeon: 51
+// vs 300 GFLOP/s at 2048³ on 2 cores, measured), or "Haswell", 256-bit code
+// (0.3.21 on AMD Zen 5, family 26). The AVX2 sets match a core whose
+// 512-bit FMAs run no faster than two 256-bit ones (Zen 4: OpenBLAS's Zen
+// set sustains ~86% of peak there, sgemm 2048³ on 2 cores), not one whose
+// pipes are 512 bits wide: on the 2-core Zen 5, OpenBLAS's Haswell set ran
+// the training shapes at 160-200 GFLOP/s, mha's AVX-512 kernel at 200-360
+// (bench_gemm, 512-bit peak ~450).
+bool openblas_suits(const std::string& core, bool avx2, bool wide_avx512_active) {
+  if (!avx2) return true;
+  for (const char* avx512_core : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == avx512_core) return true;
+  for (const char* avx2_core : {"Haswell", "Zen"})
+    if (core == avx2_core) return !wide_avx512_active;
   return false;
+}
+
+namespace {
+
+bool openblas_matches_cpu() {
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  return openblas_suits(openblas_get_corename(), avx2,
+                        avx2 && active_isa() == Isa::avx512 && avx512_doubles_fma_rate());
 }
 
 // OpenBLAS's thread count while any product of mha's is in flight: 1, so
@@ -169,7 +184,17 @@ void force_bf16_dot_products(std::optional<bool> on) {
   forced_bf16_dot_products() = on;
 }
 
+namespace {
+std::optional<GemmBackend>& forced_sgemm_backend() {
+  static std::optional<GemmBackend> forced;
+  return forced;
+}
+}  // namespace
+
+void force_sgemm_backend(std::optional<GemmBackend> backend) { forced_sgemm_backend() = backend; }
+
 GemmBackend sgemm_backend() {
+  if (const std::optional<GemmBackend>& forced = forced_sgemm_backend()) return *forced;
   static const GemmBackend chosen = [] {
     if (const char* env = std::getenv("MHA_GEMM")) {
       if (std::string(env) == "openblas") return GemmBackend::openblas;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "mha/dtype.h"
 
@@ -16,6 +17,15 @@ namespace mha::cpu {
 // instead. Chosen once per process, so every run computes the same sums.
 enum class GemmBackend { openblas, mha };
 GemmBackend sgemm_backend();
+// Overrides the choice until called with nullopt (tests: both backends in
+// one process). Not for use while products run on other threads.
+void force_sgemm_backend(std::optional<GemmBackend> backend);
+// The rule behind it: whether OpenBLAS's kernel set `core` (its
+// openblas_get_corename()) suits a CPU with AVX2 (`avx2`) whose active
+// kernels are AVX-512 on pipes 512 bits wide (`wide_avx512_active`): an
+// AVX-512 set always, an AVX2 set (Haswell, Zen) unless the pipes are wide,
+// anything older never. Without AVX2 OpenBLAS is the only choice.
+bool openblas_suits(const std::string& core, bool avx2, bool wide_avx512_active);
 
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
