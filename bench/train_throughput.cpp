@@ -22,6 +22,7 @@
 #include <string>
 
 #include "cpu/flash/dispatch.h"
+#include "cpu/gemm.h"
 #include "measure.h"
 #include "mha/memory.h"
 #include "mha/train/trainer.h"
@@ -97,9 +98,10 @@ int main(int argc, char** argv) {
   const double gflops = flops[flops.size() / 2] / 1e9;
   std::printf("{\"system\": \"mha\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"tokens_per_second\": %.1f, "
               "\"gflops\": %.2f, \"peak_gflops\": %.1f, \"percent_of_peak\": %.1f, \"peak_extra_mib\": %.1f, "
-              "\"peak_tensor_mib\": %.1f, \"dense_parameters\": %lld, \"cpu\": \"%s\", \"cpu_isa\": \"%s\", \"kernels\": \"%s\"}\n",
+              "\"peak_tensor_mib\": %.1f, \"dense_parameters\": %lld, \"cpu\": \"%s\", \"cpu_isa\": \"%s\", \"kernels\": \"%s\", \"gemm\": \"%s\"}\n",
               config.c_str(), precision.c_str(), threads, rates[rates.size() / 2], gflops, peak, 100 * gflops / peak,
               extra_mib, double(peak_memory()) / (1 << 20), (long long)dense, bench::cpu_name().c_str(),
-              __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", cpu::to_string(cpu::active_isa()).c_str());
+              __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", cpu::to_string(cpu::active_isa()).c_str(),
+              cpu::sgemm_backend() == cpu::GemmBackend::mha ? "mha" : "openblas");
   return 0;
 }

@@ -134,7 +134,9 @@ void check_bf16_products(const std::string& path, const Product& product,
 TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   // cpu::gemm's choice on each instruction set (the AVX512-BF16 kernel or
   // the widening path), then the AVX512-BF16 kernel itself where the CPU has
-  // it, also past one tile (96 × 512) and one block of pairs (192).
+  // it, also past one tile (96 × 512) and one block of pairs (192), and
+  // with at most 16 rows (its dot-product path for a transposed B) past one
+  // vector of k.
   for (cpu::Isa isa : cpu::supported_isas()) {
     cpu::force_isa(isa);
     check_bf16_products("gemm on " + cpu::to_string(isa),
@@ -144,7 +146,7 @@ TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   cpu::force_isa(std::nullopt);
   if (__builtin_cpu_supports("avx512bf16"))
     check_bf16_products("gemm_bf16_avx512", [](auto... args) { cpu::gemm_bf16_avx512(args...); },
-                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}});
+                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}, {9, 21, 75}, {16, 5, 64}});
 }
 
 TEST(Bf16Gemm, BetaZeroIgnoresWhatCHeld) {

@@ -19,6 +19,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "cpu/gemm.h"
@@ -78,24 +79,82 @@ void panel_into(bool accumulate, int64_t rows, int64_t width, int64_t depth, con
   }
 }
 
+// The pair of elements (kk, kk + 1) of a row along k, as one word: a 32-bit
+// load where both lie inside k, else the first alone (or 0).
+inline uint32_t row_pair(const uint16_t* row, int64_t kk, int64_t k) {
+  if (kk + 1 < k) {
+    uint32_t w;
+    std::memcpy(&w, row + kk, 4);
+    return w;
+  }
+  return kk < k ? row[kk] : 0;
+}
+
+// op(B) (k × n) into panels (the layout above): B along n (tb false: the
+// pairs interleave rows 2q and 2q + 1, 32 columns by two permutes) or along k
+// (tb true: each column's pairs are 32-bit words of its row).
+void pack_b(bool tb, const uint16_t* b, int64_t ldb, int64_t k, int64_t n, uint32_t* packed) {
+  const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel;
+  const __m512i lo_index = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_index = _mm512_add_epi16(lo_index, _mm512_set1_epi16(16));
+#pragma omp parallel for schedule(static) if (K2 * panels * kPanel > (int64_t(1) << 15))
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
+    uint32_t* panel = packed + p * K2 * kPanel;
+    if (tb) {
+      for (int64_t j = 0; j < width; ++j)
+        for (int64_t q = 0; q < K2; ++q) panel[q * kPanel + j] = row_pair(b + (j0 + j) * ldb, 2 * q, k);
+      for (int64_t q = 0; q < K2; ++q)
+        for (int64_t j = width; j < kPanel; ++j) panel[q * kPanel + j] = 0;
+      continue;
+    }
+    const __mmask32 lanes = width == kPanel ? ~__mmask32(0) : __mmask32((uint64_t(1) << width) - 1);
+    for (int64_t q = 0; q < K2; ++q) {
+      const __m512i even = _mm512_maskz_loadu_epi16(lanes, b + 2 * q * ldb + j0);
+      const __m512i odd = 2 * q + 1 < k ? _mm512_maskz_loadu_epi16(lanes, b + (2 * q + 1) * ldb + j0) : _mm512_setzero_si512();
+      _mm512_storeu_si512(panel + q * kPanel, _mm512_permutex2var_epi16(even, lo_index, odd));
+      _mm512_storeu_si512(panel + q * kPanel + 16, _mm512_permutex2var_epi16(even, hi_index, odd));
+    }
+  }
+}
+
+// Rows [r0, r0 + padded) × pairs [q0, q0 + depth) of op(A) (m × k) packed
+// k-major in groups of kRowsMicro rows (the layout above), rows past m 0:
+// A along k (ta false: each row's pairs are words of the row) or along m
+// (ta true: the pairs interleave rows 2q and 2q + 1 of the stored A).
+void pack_a(bool ta, const uint16_t* a, int64_t lda, int64_t m, int64_t k, int64_t r0, int64_t padded, int64_t q0,
+            int64_t depth, uint32_t* out) {
+  for (int64_t g = 0; g < padded; g += kRowsMicro) {
+    uint32_t* w = out + g * depth;
+    const int64_t here = min64(kRowsMicro, m - r0 - g);
+    if (!ta) {
+      for (int64_t i = 0; i < kRowsMicro; ++i) {
+        if (i >= here) {
+          for (int64_t q = 0; q < depth; ++q) w[q * kRowsMicro + i] = 0;
+          continue;
+        }
+        const uint16_t* row = a + (r0 + g + i) * lda;
+        for (int64_t q = 0; q < depth; ++q) w[q * kRowsMicro + i] = row_pair(row, 2 * (q0 + q), k);
+      }
+      continue;
+    }
+    for (int64_t q = 0; q < depth; ++q) {
+      const int64_t kk = 2 * (q0 + q);
+      const uint16_t* even = a + kk * lda + r0 + g;
+      const uint16_t* odd = kk + 1 < k ? even + lda : nullptr;
+      for (int64_t i = 0; i < here; ++i) w[q * kRowsMicro + i] = pair(even[i], odd ? odd[i] : uint16_t(0));
+      for (int64_t i = here; i < kRowsMicro; ++i) w[q * kRowsMicro + i] = 0;
+    }
+  }
+}
+
 // C = op(A)·op(B) (beta 0) or C += op(A)·op(B) (beta 1).
 void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda, const bfloat16* b,
              int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
-  const uint16_t* bb = &b->bits;
-  const uint16_t* ab = &a->bits;
-  auto b_at = [&](int64_t kk, int64_t j) -> uint16_t { return kk < k ? (tb ? bb[j * ldb + kk] : bb[kk * ldb + j]) : 0; };
-  auto a_at = [&](int64_t r, int64_t kk) -> uint16_t { return kk < k ? (ta ? ab[kk * lda + r] : ab[r * lda + kk]) : 0; };
   uint32_t* packed = static_cast<uint32_t*>(thread_scratch_bytes(ScratchSlot::bgemm_b, K2 * n_pad * int64_t(sizeof(uint32_t))));
-#pragma omp parallel for schedule(static) if (K2 * n_pad > (int64_t(1) << 15))
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
-    for (int64_t q = 0; q < K2; ++q) {
-      uint32_t* row = packed + (p * K2 + q) * kPanel;
-      for (int64_t j = 0; j < width; ++j) row[j] = pair(b_at(2 * q, j0 + j), b_at(2 * q + 1, j0 + j));
-      for (int64_t j = width; j < kPanel; ++j) row[j] = 0;
-    }
-  }
+  pack_b(tb, &b->bits, ldb, k, n, packed);
   const bool threaded = m * n * k > (int64_t(1) << 17);
   const int64_t want = threaded ? 2 * int64_t(omp_get_max_threads()) : 1;
   int64_t tile_rows = kRows, tile_cols = kCols;
@@ -109,23 +168,58 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
-    const int64_t padded = round_up(rows, kRowsMicro);
     uint32_t* rows_packed = static_cast<uint32_t*>(own_slice(row_buffers));
     for (int64_t q0 = 0; q0 < K2; q0 += kDepth2) {
       const int64_t depth = min64(kDepth2, K2 - q0);
-      for (int64_t g = 0; g < padded; g += kRowsMicro)
-        for (int64_t q = 0; q < depth; ++q) {
-          uint32_t* w = rows_packed + g * depth + q * kRowsMicro;
-          const int64_t kk = 2 * (q0 + q);
-          for (int64_t i = 0; i < kRowsMicro; ++i) {
-            const int64_t r = r0 + g + i;
-            w[i] = r < m ? pair(a_at(r, kk), a_at(r, kk + 1)) : 0;
-          }
-        }
+      pack_a(ta, &a->bits, lda, m, k, r0, round_up(rows, kRowsMicro), q0, depth, rows_packed);
       for (int64_t j = 0; j < cols; j += kPanel)
         panel_into(q0 > 0 || accumulate, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
                    packed + ((c0 + j) / kPanel * K2 + q0) * kPanel, c + r0 * ldc + c0 + j, ldc);
     }
+  }
+}
+
+// A product with few rows against a transposed B (C = op(A)·Wᵀ, W n × k
+// along k: a Linear layer's decoding step) by dot products along k, as
+// sgemm_kernel.h's skinny path: each W row read once for all rows of A, no
+// packing. Blocks of 4 rows × 4 columns, 16 accumulators; each step takes
+// 32 elements of k (one vector of pairs), the last step masked (zeros add
+// nothing).
+constexpr int64_t kSkinnyRows = 16;
+
+void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows,
+                  int64_t cols, float alpha, float beta, float* c, int64_t ldc) {
+  __m512 acc[4][4];
+  for (auto& row : acc)
+    for (__m512& x : row) x = _mm512_setzero_ps();
+  const uint16_t* ar[4];
+  const uint16_t* wr[4];
+  for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
+  for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
+  for (int64_t kk = 0; kk < k; kk += 2 * kLanes) {
+    const __mmask32 lanes = kk + 2 * kLanes <= k ? ~__mmask32(0) : __mmask32((uint64_t(1) << (k - kk)) - 1);
+    __m512bh av[4], wv[4];
+    for (int r = 0; r < 4; ++r) av[r] = (__m512bh)_mm512_maskz_loadu_epi16(lanes, ar[r] + kk);
+    for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(lanes, wr[j] + kk);
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], wv[j]);
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float dot = alpha * _mm512_reduce_add_ps(acc[r][j]);
+      float* out = c + r * ldc + j;
+      *out = beta == 0.0f ? dot : dot + beta * *out;
+    }
+}
+
+void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* w,
+                    int64_t ldw, float beta, float* c, int64_t ldc) {
+  const int64_t col_blocks = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (m * n * k > (int64_t(1) << 17) && col_blocks > 1)
+  for (int64_t jb = 0; jb < col_blocks; ++jb) {
+    const int64_t j0 = jb * 4, cols = min64(4, n - j0);
+    for (int64_t r0 = 0; r0 < m; r0 += 4)
+      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc);
   }
 }
 
@@ -139,6 +233,7 @@ void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
     return;
   }
+  if (!ta && tb && m <= kSkinnyRows) return skinny_product(m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc);
   if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) return product(ta, tb, m, n, k, a, lda, b, ldb, beta == 1.0f, c, ldc);
   // Other scalings: the product apart, then C = alpha·product + beta·C (C not read for beta = 0).
   float* t = static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float)));

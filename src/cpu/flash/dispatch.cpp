@@ -505,14 +505,18 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   const bool f32 = p.dtype == DType::float32;
   const bool direct_q = f32 && E == E_pad && one_to_one(p.q, p);
   const bool direct_k = f32 && one_to_one(p.k, p), direct_v = f32 && one_to_one(p.v, p);
-  std::vector<float> dq_full(direct_q ? 0 : size_t(p.batch * L * E_pad)), dk_full(direct_k ? 0 : size_t(p.batch * S * E)),
-      dv_full(direct_v ? 0 : size_t(p.batch * S * Ev));
+  // (Tensors, not vectors: the allocator's cached blocks, where a vector's
+  // fresh pages each faulted, 120-280 MiB a step of the wide model in bf16.)
+  const auto buffer = [](bool direct, int64_t floats) {
+    return direct ? Tensor() : Tensor::zeros({floats}, DType::float32);
+  };
+  Tensor dq_full = buffer(direct_q, p.batch * L * E_pad), dk_full = buffer(direct_k, p.batch * S * E),
+               dv_full = buffer(direct_v, p.batch * S * Ev);
   const BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
                           float_rows(p.k, p, E_pad), float_rows(p.v, p, Ev), float_rows(p.q, p, E_pad),
                           float_rows(dout_t, p, Ev_pad), fwd.out.contiguous(), fwd.lse.contiguous(),
-                          direct_q ? g.dquery.data<float>() : dq_full.data(),
-                          direct_k ? g.dkey.data<float>() : dk_full.data(),
-                          direct_v ? g.dvalue.data<float>() : dv_full.data(), direct_q ? E : E_pad,
+                          (direct_q ? g.dquery : dq_full).data<float>(), (direct_k ? g.dkey : dk_full).data<float>(),
+                          (direct_v ? g.dvalue : dv_full).data<float>(), direct_q ? E : E_pad,
                           dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
   const int64_t packed = BackwardPlan::packed_floats(plan.L_pad, E, Ev), scratch = flash_backward_scratch(E_pad, Ev_pad, br);
@@ -538,8 +542,9 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
     // (dQ). The products for S and dP are computed twice (7 products instead
     // of 5), but every thread has work, and each gradient row is still summed
     // by one work item in the same order as above: same bits either way.
-    std::vector<float> packed_all(size_t(p.batch * packed));
-    auto packed_of = [&](int64_t b) { return plan.carve(packed_all.data() + b * packed); };
+    Tensor packed_all = Tensor::zeros({p.batch * packed}, DType::float32);
+    float* packed_base = packed_all.data<float>();
+    auto packed_of = [&](int64_t b) { return plan.carve(packed_base + b * packed); };
 #pragma omp parallel for schedule(static, 1)
     for (int64_t b = 0; b < p.batch; ++b) plan.pack(b, packed_of(b));
     const int64_t key_tiles = (S + kFlashKeyTile - 1) / kFlashKeyTile;
@@ -566,13 +571,20 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   }
   if (p.dweights.defined()) finite = finite && add_weights_gradient(plan);
   if (!direct_q) {  // drop the padding, then fold
-    std::vector<float> compact(size_t(p.batch * L * E));
-    for (int64_t row = 0; row < p.batch * L; ++row)
-      std::memcpy(&compact[size_t(row * E)], &dq_full[size_t(row * E_pad)], size_t(E) * sizeof(float));
-    store_reduced(compact, p, g.dquery);
+    const float* padded = dq_full.data<float>();
+    if (E != E_pad) {
+      Tensor compact = Tensor::empty({p.batch * L * E}, DType::float32);
+      float* c = compact.data<float>();
+#pragma omp parallel for schedule(static) if (p.batch * L * E >= (int64_t(1) << 16))
+      for (int64_t row = 0; row < p.batch * L; ++row)
+        std::memcpy(c + row * E, padded + row * E_pad, size_t(E) * sizeof(float));
+      store_reduced(c, p, g.dquery);
+    } else {
+      store_reduced(padded, p, g.dquery);
+    }
   }
-  if (!direct_k) store_reduced(dk_full, p, g.dkey);
-  if (!direct_v) store_reduced(dv_full, p, g.dvalue);
+  if (!direct_k) store_reduced(dk_full.data<float>(), p, g.dkey);
+  if (!direct_v) store_reduced(dv_full.data<float>(), p, g.dvalue);
   return finite;
 }
 
