@@ -67,6 +67,12 @@ void force_bf16_dot_products(std::optional<bool> on);
 void gemm_bf16_avx512(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// out[j] = the pair (even[j], odd[j]) as one word, even[j] in its low half,
+// for j < n (odd null: 0 in every high half): two rows of bfloat16 regrouped
+// in pairs along them, as vdpbf16ps takes a row-major operand
+// (gemm_bf16_avx512.cpp; needs the avx512 kernels' instruction sets).
+void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t n, uint32_t* out);
+
 // dst[i] = src[i] rounded to bfloat16 (nearest even; NaN stays NaN; denormals kept).
 void round_to_bf16(const float* src, bfloat16* dst, int64_t n);
 // The same with AVX-512 (gemm_bf16_avx512.cpp; needs the avx512 kernels' instruction sets).

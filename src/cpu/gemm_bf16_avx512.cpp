@@ -91,13 +91,10 @@ inline uint32_t row_pair(const uint16_t* row, int64_t kk, int64_t k) {
 }
 
 // op(B) (k × n) into panels (the layout above): B along n (tb false: the
-// pairs interleave rows 2q and 2q + 1, 32 columns by two permutes) or along k
-// (tb true: each column's pairs are 32-bit words of its row).
+// pairs interleave rows 2q and 2q + 1) or along k (tb true: each column's
+// pairs are 32-bit words of its row).
 void pack_b(bool tb, const uint16_t* b, int64_t ldb, int64_t k, int64_t n, uint32_t* packed) {
   const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel;
-  const __m512i lo_index = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_index = _mm512_add_epi16(lo_index, _mm512_set1_epi16(16));
 #pragma omp parallel for schedule(static) if (K2 * panels * kPanel > (int64_t(1) << 15))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
@@ -109,12 +106,10 @@ void pack_b(bool tb, const uint16_t* b, int64_t ldb, int64_t k, int64_t n, uint3
         for (int64_t j = width; j < kPanel; ++j) panel[q * kPanel + j] = 0;
       continue;
     }
-    const __mmask32 lanes = width == kPanel ? ~__mmask32(0) : __mmask32((uint64_t(1) << width) - 1);
     for (int64_t q = 0; q < K2; ++q) {
-      const __m512i even = _mm512_maskz_loadu_epi16(lanes, b + 2 * q * ldb + j0);
-      const __m512i odd = 2 * q + 1 < k ? _mm512_maskz_loadu_epi16(lanes, b + (2 * q + 1) * ldb + j0) : _mm512_setzero_si512();
-      _mm512_storeu_si512(panel + q * kPanel, _mm512_permutex2var_epi16(even, lo_index, odd));
-      _mm512_storeu_si512(panel + q * kPanel + 16, _mm512_permutex2var_epi16(even, hi_index, odd));
+      const uint16_t* even = b + 2 * q * ldb + j0;
+      interleave_pairs_avx512(even, 2 * q + 1 < k ? even + ldb : nullptr, width, panel + q * kPanel);
+      for (int64_t j = width; j < kPanel; ++j) panel[q * kPanel + j] = 0;
     }
   }
 }
@@ -224,6 +219,28 @@ void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t
 }
 
 }  // namespace
+
+void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t n, uint32_t* out) {
+  // Lanes 2j and 2j + 1 of the result take element j of even (index j) and
+  // of odd (index 32 + j: the second operand); the high half starts at 16.
+  const __m512i lo_index = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_index = _mm512_add_epi16(lo_index, _mm512_set1_epi16(16));
+  for (int64_t j = 0; j < n; j += 2 * kLanes) {
+    const int64_t here = min64(2 * kLanes, n - j);
+    const __mmask32 lanes = here == 2 * kLanes ? ~__mmask32(0) : __mmask32((uint64_t(1) << here) - 1);
+    const __m512i e = _mm512_maskz_loadu_epi16(lanes, even + j);
+    const __m512i o = odd ? _mm512_maskz_loadu_epi16(lanes, odd + j) : _mm512_setzero_si512();
+    const __m512i lo = _mm512_permutex2var_epi16(e, lo_index, o), hi = _mm512_permutex2var_epi16(e, hi_index, o);
+    if (here == 2 * kLanes) {
+      _mm512_storeu_si512(out + j, lo);
+      _mm512_storeu_si512(out + j + kLanes, hi);
+    } else {
+      _mm512_mask_storeu_epi32(out + j, __mmask16(here >= kLanes ? 0xffff : (1u << here) - 1), lo);
+      if (here > kLanes) _mm512_mask_storeu_epi32(out + j + kLanes, __mmask16((1u << (here - kLanes)) - 1), hi);
+    }
+  }
+}
 
 void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
                       int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {

@@ -124,7 +124,7 @@ FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width) {
   } else {
     Shape padded = t.shape();
     padded.back() = width;
-    r.tensor = Tensor::zeros(padded, DType::float32);
+    r.tensor = n == width ? Tensor::empty(padded, DType::float32) : Tensor::zeros(padded, DType::float32);
     r.tensor.slice(-1, 0, n).copy_(t);
   }
   r.offset = batch_offsets(p.batch_shape, leading(r.tensor.shape()), leading(r.tensor.strides()));
@@ -159,13 +159,18 @@ Bf16Operands bf16_operands(const AttentionParams& p) {
   Shape pairs = leading(v.shape());
   pairs.push_back(2 * S2);
   pairs.push_back(Ev);
-  o.values = Tensor::zeros(pairs, DType::bfloat16);
-  const bfloat16* src = v.data<bfloat16>();
-  bfloat16* dst = o.values.data<bfloat16>();
+  o.values = Tensor::empty(pairs, DType::bfloat16);
+  const uint16_t* src = &v.data<bfloat16>()->bits;
+  uint16_t* dst = &o.values.data<bfloat16>()->bits;
   const int64_t heads = shape_numel(leading(v.shape()));
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = 0; j < p.S; ++j)
-      for (int64_t e = 0; e < Ev; ++e) dst[h * 2 * S2 * Ev + ((j / 2) * Ev + e) * 2 + j % 2] = src[(h * p.S + j) * Ev + e];
+  // Pair row q of head h: rows 2q and 2q + 1 interleaved (the second 0 past S).
+#pragma omp parallel for schedule(static) if (heads * S2 * Ev >= (int64_t(1) << 15))
+  for (int64_t hq = 0; hq < heads * S2; ++hq) {
+    const int64_t h = hq / S2, q = hq % S2;
+    const uint16_t* even = src + (h * p.S + 2 * q) * Ev;
+    interleave_pairs_avx512(even, 2 * q + 1 < p.S ? even + Ev : nullptr, Ev,
+                            reinterpret_cast<uint32_t*>(dst + (h * 2 * S2 + 2 * q) * Ev));
+  }
   o.value_offset = batch_offsets(p.batch_shape, leading(o.values.shape()), leading(o.values.strides()));
   return o;
 }
