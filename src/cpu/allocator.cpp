@@ -56,15 +56,14 @@ void* aligned(size_t bytes) {
   return p;
 }
 
-std::atomic<size_t> in_use{0}, peak{0}, high_water{0};
+std::atomic<size_t> in_use{0}, peak{0};
 
 // Every block handed out or taken back, counted by its usable size.
 void* handed_out(void* p) {
   const size_t now = in_use.fetch_add(malloc_usable_size(p), std::memory_order_relaxed) + malloc_usable_size(p);
-  for (std::atomic<size_t>* mark : {&peak, &high_water})
-    for (size_t seen = mark->load(std::memory_order_relaxed);
-         now > seen && !mark->compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
-    }
+  for (size_t seen = peak.load(std::memory_order_relaxed);
+       now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
+  }
   return p;
 }
 
@@ -110,14 +109,7 @@ void host_free(void* ptr) {
     auto it = c.size_of.find(ptr);
     if (it != c.size_of.end()) {
       const size_t n = it->second;
-      // Kept while the cache stays under 256 MiB, or while what is in use
-      // and cached together stays under what was once in use at the same
-      // time: a training step frees its activations in backward and takes
-      // them again in the next forward (the wide model's ~1.3 GB; with the
-      // 256 MiB cap alone it faulted 120-280 MiB of fresh pages a step),
-      // and caching them holds no page the step's own peak did not.
-      const size_t held = c.idle_bytes + n + in_use.load(std::memory_order_relaxed);
-      if (c.idle_bytes + n <= kCap || held <= high_water.load(std::memory_order_relaxed)) {
+      if (c.idle_bytes + n <= kCap) {
         try {
           c.idle.insert({n, ptr});
           c.idle_bytes += n;

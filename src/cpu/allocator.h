@@ -1,6 +1,5 @@
 // Host memory for tensors: 64-byte aligned. Blocks of 64 KiB and up are
-// kept after they are freed — up to 256 MiB in all, or more while the bytes
-// in use and cached stay under the most ever in use — and handed out again for
+// kept after they are freed, up to 256 MiB in all, and handed out again for
 // any request of their size class (four an octave, so up to 25% over what
 // is asked; allocator.cpp): fresh pages cost a fault each (~2-20 µs on the
 // development VM), which made repeated calls pay for their outputs' memory

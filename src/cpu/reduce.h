@@ -29,7 +29,7 @@ void store_reduced(const A* full, const AttentionParams& p, Tensor& grad) {
     dispatch_dtype(grad.dtype(), [&](auto tag) {
       using T = decltype(tag);
       if constexpr (std::is_same_v<T, bfloat16> && std::is_same_v<A, float>) {
-        round_to_bf16(full, grad.data<bfloat16>(), grad.numel());
+        round_to_bf16(full, grad.data<T>(), grad.numel());  // (T, not bfloat16: clang checks the call when A is double otherwise)
       } else if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
         T* dst = grad.data<T>();
         const int64_t n = grad.numel();
