@@ -100,15 +100,22 @@ float fma_chains(FmaKind kind, long iterations) {
   return 0;
 }
 
+namespace {
+
+// GFLOP/s of one timed run of `iterations`.
+double timed_gflops(FmaKind kind, long iterations, volatile float& sink) {
+  const auto t0 = std::chrono::steady_clock::now();
+  sink = sink + fma_chains(kind, iterations);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds > 0 ? fma_iteration_flops(kind) * double(iterations) / seconds / 1e9 : 0.0;
+}
+
+}  // namespace
+
 double fma_gflops_one_thread(FmaKind kind, long iterations, int repeats) {
   volatile float sink = fma_chains(kind, iterations);
   double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    sink = sink + fma_chains(kind, iterations);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (seconds > 0) best = std::max(best, fma_iteration_flops(kind) * double(iterations) / seconds / 1e9);
-  }
+  for (int r = 0; r < repeats; ++r) best = std::max(best, timed_gflops(kind, iterations, sink));
   return best;
 }
 
@@ -124,10 +131,9 @@ bool avx512_doubles_fma_rate() {
     volatile float sink = fma_chains(FmaKind::f32_512, 30 * n);
     double wide = 0, narrow = 0;
     for (int round = 0; round < 8; ++round) {
-      wide = std::max(wide, fma_gflops_one_thread(FmaKind::f32_512, n, 1));
-      narrow = std::max(narrow, fma_gflops_one_thread(FmaKind::f32_256, n, 1));
+      wide = std::max(wide, timed_gflops(FmaKind::f32_512, n, sink));
+      narrow = std::max(narrow, timed_gflops(FmaKind::f32_256, n, sink));
     }
-    (void)sink;
     return narrow > 0 && wide > 1.5 * narrow;
   }();
   return doubles;
