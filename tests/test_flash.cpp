@@ -226,6 +226,57 @@ TEST_P(EachIsa, ProbabilitiesBelowTheNormalRangeAreZero) {
     }
 }
 
+// Logits from 1e3 to 1e8 (q and k entries of -30 to -3e4, as the fuzzer plants
+// -1e4): the softmax is one-hot on key 0, so the weights are (1, 0, 0) and
+// dV[0] = Σ_i dO_i, dV[1] = dV[2] = 0. The fused path recovers P from the saved
+// float32 lse, exact only to an exponent error of about ε·|lse2| (kernel.h,
+// probability): P stays within 2^(2ε|lse2|) - 1 of 1, and never above 1 (it
+// came out 2^8 at 1e8, 0.73 at 3.6e7 before P was held to its range and the
+// logit rounded as the forward rounds it).
+TEST_P(EachIsa, HugeLogitsKeepProbabilitiesInRange) {
+  const int64_t L = 4, S = 3, Ev = 7;
+  const Tensor v = random_tensor({1, S, Ev}, 3, DType::float32), dout = random_tensor({1, L, Ev}, 4, DType::float32);
+  const std::vector<double> d = dout.to_vector();
+  int64_t rows = 0, exact = 0;
+  for (double big = 30; big < 3e4; big *= 1.1)
+    for (const int64_t E : {2, 16, 33})
+      for (const bool with_mask : {false, true}) {
+        SCOPED_TRACE("q, k entries -" + std::to_string(big) + ", E " + std::to_string(E) + (with_mask ? ", a float mask" : ""));
+        Tensor q = random_tensor({1, L, E}, 1, DType::float32), k = random_tensor({1, S, E}, 2, DType::float32);
+        for (int64_t i = 0; i < L; ++i) q.set_item({0, i, 0}, -big);
+        k.set_item({0, 0, 0}, -big);
+        AttentionOptions o{.return_weights = true, .path = AttentionPath::fused};
+        if (with_mask) o.mask = random_tensor({L, S}, 5, DType::float32);
+        const AttentionOutput a = attention_forward(q, k, v, o);
+        ASSERT_EQ(a.path, AttentionPath::fused);
+        const std::vector<double> w = a.weights.to_vector(), lse = a.lse.to_vector();
+        double bound = 0;
+        for (int64_t i = 0; i < L; ++i) {
+          const double within = std::min(1.0, std::exp2(2 * 0x1p-24 * std::abs(lse[size_t(i)]) * M_LOG2E) - 1);
+          bound = std::max(bound, within);
+          const double p = w[size_t(i * S)];
+          ASSERT_LE(p, 1.0) << "row " << i;
+          ASSERT_GE(p, 1.0 - within) << "row " << i << ", lse " << lse[size_t(i)];
+          ASSERT_EQ(w[size_t(i * S + 1)], 0.0) << "row " << i;
+          ASSERT_EQ(w[size_t(i * S + 2)], 0.0) << "row " << i;
+          ++rows, exact += p == 1.0;
+        }
+        o.return_weights = false;
+        const AttentionGradients g = attention_backward(dout, q, k, v, attention_forward(q, k, v, o), o);
+        const std::vector<double> dv = g.dvalue.to_vector();
+        for (int64_t e = 0; e < Ev; ++e) {
+          double sum = 0, size = 0;
+          for (int64_t i = 0; i < L; ++i) sum += d[size_t(i * Ev + e)], size += std::abs(d[size_t(i * Ev + e)]);
+          ASSERT_NEAR(dv[size_t(e)], sum, bound * size + 1e-5) << "dvalue[0][" << e << "]";
+          ASSERT_EQ(dv[size_t(Ev + e)], 0.0) << "dvalue[1][" << e << "]";
+        }
+        ASSERT_TRUE(all_finite(g.dquery));
+        ASSERT_TRUE(all_finite(g.dkey));
+      }
+  // Most one-hot rows come out exactly 1 (the rounded logit): 2829 of 6096 did not, fused.
+  EXPECT_GE(exact, rows * 9 / 10) << exact << " of " << rows << " rows gave P = 1 exactly";
+}
+
 TEST_P(EachIsa, NonContiguousInputs) {
   Tensor q = random_tensor({2, 70, 3, 16}, 1, DType::float32).permute({0, 2, 1, 3});
   Tensor k = random_tensor({2, 3, 16, 67}, 2, DType::float32).transpose(2, 3);  // element stride 67

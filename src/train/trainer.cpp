@@ -93,7 +93,9 @@ int64_t target_count(const Batch& b) {
 
 void guard_step(const char* fn, int64_t step, double loss, double norm, const std::vector<nn::NamedParameter>& params) {
   if (std::isfinite(loss) && std::isfinite(norm)) return;
-  std::string culprit = "every gradient is finite (the loss alone is not)";
+  // Every gradient finite: the loss is not, or the norm overflowed (Σ g² past float's or double's range).
+  std::string culprit = std::isfinite(loss) ? "every gradient is finite (their norm overflowed)"
+                                            : "every gradient is finite (the loss alone is not)";
   for (const nn::NamedParameter& p : params)
     if (const int64_t at = p.grad ? first_non_finite(*p.grad) : -1; at >= 0) {
       culprit = "the first parameter with a non-finite gradient is " + p.name + " (element " + std::to_string(at) +

@@ -122,6 +122,25 @@ inline float finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t r
   return multiplier;
 }
 
+// P = exp2(s·c - lse2) from the saved lse, with the logit s·c rounded to
+// float first, as the forward rounded the row's max m. Where one logit
+// dominates, l ≈ 1 and lse2 = m + log2 l rounds to m, so the rounded logit
+// gives P = 1 exactly; fused into fma(s, c, -lse2), the product's rounding
+// error, up to half an ulp of s·c (2 at logits of 3.6e7), would stay in the
+// exponent (P = 0.73 for a one-hot row). The float32 lse costs an exponent
+// error of up to about ε·|lse2| anyway (one-hot rows at logits of 1e3 to 1e8:
+// 108 of 6096 other than P = 1 this way, 2829 fused), which past |lse2| ≈ 2^24
+// is a unit and more: P = 2^8 at 1e8. P ≤ 1 holds exactly; holding it there
+// bounds P's error by 1 however large that gets. min(1, p) returns p when p
+// is NaN (vec.h), so NaN still passes through.
+inline Vec probability(Vec s, Vec c, Vec lse2) { return min(Vec::set1(1.0f), exp2(mul_rounded(s, c) - lse2)); }
+
+// The saved natural-log lse back in base 2, in float as dispatch.cpp converts
+// it for the backward (float's ln 2 and log2 e round-trip better than one
+// rounding in double: 108 against 581 of 6096 one-hot rows at logits of 1e3
+// to 1e8 came back other than P = 1).
+inline float lse_base2(float lse) { return lse * kLog2e; }
+
 // Keys that any query of [i0, i0+rows) can see.
 inline void key_range(int64_t i0, int64_t rows, int64_t S, Band b, int64_t& lo, int64_t& hi) {
   lo = max64(0, i0 + b.lo_shift);
@@ -169,7 +188,7 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
 
   if (weights_pass) {  // m holds lse·log2e (+inf for a fully masked or pad row: P = 0)
     for (int64_t i = 0; i < br; ++i)
-      m[i] = i < t.rows && t.lse[i] != -__builtin_inff() ? t.lse[i] * kLog2e : __builtin_inff();
+      m[i] = i < t.rows && t.lse[i] != -__builtin_inff() ? lse_base2(t.lse[i]) : __builtin_inff();
     for (int64_t i = 0; i < t.rows; ++i)
       for (int64_t j = 0; j < t.S; ++j) t.weights[i * t.weights_row + j] = 0.0f;
   } else {
@@ -189,7 +208,7 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(m + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          Vec p = exp2(Vec::load(st + j * br + v * W) * c - lse2);
+          Vec p = probability(Vec::load(st + j * br + v * W), c, lse2);
           if (t.dropout.fill) p = p * Vec::load(factors + j * br + v * W);
           p.store(st + j * br + v * W);
         }
@@ -357,7 +376,7 @@ inline void backward_head(const FlashBackwardHead& h) {
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          const Vec p = exp2(Vec::load(st + j * br + v * W) * c - lse2);
+          const Vec p = probability(Vec::load(st + j * br + v * W), c, lse2);
           Vec dp = Vec::load(dst + j * br + v * W);
           Vec pd = p;
           if (drop) {

@@ -7,6 +7,9 @@
 //   store_partial(p, n)
 //   set1(x), zero()
 //   fma(a, b, c) = a·b + c, +, -, *, /, max(a, b), min(a, b), sqrt(a), abs(a)
+//   mul_rounded(a, b)       a·b rounded to float, never fused into the add or
+//                           subtract that uses it (the compiler fuses a·b - c
+//                           into one fma otherwise: one rounding, not two)
 //   select_gt(a, b, x, y)   a > b ? x : y, lane by lane (false for NaN)
 //   reduce_add(a)           the sum of the lanes, in a fixed order
 //   exp2(x)                 2^x, relative error < 1.2e-7; exactly 0 for x < -126 (and -inf), never a
@@ -58,6 +61,11 @@ struct Vec {
   friend Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
   friend Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
   friend Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  friend Vec mul_rounded(Vec a, Vec b) {
+    __m512 p = _mm512_mul_ps(a.v, b.v);
+    asm("" : "+v"(p));  // the compiler sees no product here to fuse
+    return {p};
+  }
   friend Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
   friend Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
   friend Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
@@ -101,6 +109,11 @@ struct Vec {
   friend Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
   friend Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
   friend Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  friend Vec mul_rounded(Vec a, Vec b) {
+    __m256 p = _mm256_mul_ps(a.v, b.v);
+    asm("" : "+x"(p));  // the compiler sees no product here to fuse
+    return {p};
+  }
   friend Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
   friend Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
   friend Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
@@ -171,6 +184,13 @@ struct Vec {
   }
   friend Vec operator*(Vec a, Vec b) {
     for (int i = 0; i < W; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  friend Vec mul_rounded(Vec a, Vec b) {
+    for (int i = 0; i < W; ++i) {
+      a.v[i] *= b.v[i];
+      asm("" : "+m"(a.v[i]));
+    }
     return a;
   }
   friend Vec max(Vec a, Vec b) {
