@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include "cpu/allocator.h"
 #include "mha/mha.h"
 
 using namespace mha;
@@ -216,6 +219,34 @@ TEST(Random, MomentsAndDistinctStreams) {
   EXPECT_NE(n, next);  // the generator advanced
   Generator same(7);
   EXPECT_EQ(randn({20000}, same, 0.0, 1.0, DType::float64).to_vector(), n);
+}
+
+// The idle cache holds up to the most bytes ever in use at once, evicting the
+// least recently freed: three blocks of 112 MiB freed after three of 96 MiB
+// (more than 256 MiB each time) all come back, with what was written in them.
+TEST(Tensor, IdleBlocksPastTheCapEvictTheOldestFirst) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the block cache is off under AddressSanitizer, so that use-after-free is caught";
+#else
+  auto round = [](size_t mib, unsigned char mark) {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3; ++i) {
+      blocks.push_back(cpu::host_allocate(mib << 20));
+      static_cast<unsigned char*>(blocks.back())[0] = mark;
+    }
+    return blocks;
+  };
+  for (void* p : round(96, 1)) cpu::host_free(p);
+  std::vector<void*> first = round(112, 2);
+  for (void* p : first) cpu::host_free(p);
+  std::vector<void*> again;
+  for (int i = 0; i < 3; ++i) again.push_back(cpu::host_allocate(112 << 20));
+  for (void* p : again) {
+    EXPECT_NE(std::find(first.begin(), first.end(), p), first.end()) << "a fresh block, not a cached one";
+    EXPECT_EQ(static_cast<unsigned char*>(p)[0], 2) << "fresh pages, not the cached block's";
+    cpu::host_free(p);
+  }
+#endif
 }
 
 TEST(Tensor, LargeBlocksAreReusedAfterFree) {

@@ -4,7 +4,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -21,7 +23,7 @@ constexpr bool kCaching = false;
 #else
 constexpr bool kCaching = true;
 #endif
-constexpr size_t kLarge = size_t(1) << 16, kCap = size_t(256) << 20;
+constexpr size_t kLarge = size_t(1) << 16, kMinCap = size_t(256) << 20;
 
 // The size a cached block is made with: four classes an octave (2^k·{1,
 // 1.25, 1.5, 1.75}), so that a block serves every request up to 25% smaller
@@ -35,11 +37,17 @@ size_t size_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+struct Idle {
+  void* ptr;
+  uint64_t freed;  // when, in frees: the oldest goes first
+};
+
 struct Cache {
   std::mutex mutex;
   std::unordered_map<void*, size_t> size_of;  // every large block alive or cached
-  std::multimap<size_t, void*> idle;          // cached blocks by size
+  std::multimap<size_t, Idle> idle;           // cached blocks by size
   size_t idle_bytes = 0;
+  uint64_t frees = 0;
 };
 
 // Never destroyed: tensors freed during static destruction still find it.
@@ -56,15 +64,36 @@ void* aligned(size_t bytes) {
   return p;
 }
 
-std::atomic<size_t> in_use{0}, peak{0};
+// peak resets (reset_host_bytes_peak); high_water, the cache's cap, never does.
+std::atomic<size_t> in_use{0}, peak{0}, high_water{0};
+
+void raise_to(std::atomic<size_t>& mark, size_t now) {
+  for (size_t seen = mark.load(std::memory_order_relaxed);
+       now > seen && !mark.compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
+  }
+}
 
 // Every block handed out or taken back, counted by its usable size.
 void* handed_out(void* p) {
   const size_t now = in_use.fetch_add(malloc_usable_size(p), std::memory_order_relaxed) + malloc_usable_size(p);
-  for (size_t seen = peak.load(std::memory_order_relaxed);
-       now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
-  }
+  raise_to(peak, now);
+  raise_to(high_water, now);
   return p;
+}
+
+// Frees the least recently cached idle blocks until `bytes` more fit under
+// `cap` (the caller holds the lock). A scan per block evicted: the cache holds
+// tens to hundreds of blocks, and evicts only when the shapes in use change.
+void evict_for(Cache& c, size_t bytes, size_t cap) {
+  while (!c.idle.empty() && c.idle_bytes + bytes > cap) {
+    auto oldest = c.idle.begin();
+    for (auto it = c.idle.begin(); it != c.idle.end(); ++it)
+      if (it->second.freed < oldest->second.freed) oldest = it;
+    c.idle_bytes -= oldest->first;
+    c.size_of.erase(oldest->second.ptr);
+    std::free(oldest->second.ptr);
+    c.idle.erase(oldest);
+  }
 }
 
 }  // namespace
@@ -83,7 +112,7 @@ void* host_allocate(size_t bytes) {
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.idle.find(rounded);
     if (it != c.idle.end()) {
-      void* p = it->second;
+      void* p = it->second.ptr;
       c.idle.erase(it);
       c.idle_bytes -= rounded;
       return handed_out(p);
@@ -109,9 +138,11 @@ void host_free(void* ptr) {
     auto it = c.size_of.find(ptr);
     if (it != c.size_of.end()) {
       const size_t n = it->second;
-      if (c.idle_bytes + n <= kCap) {
+      const size_t cap = std::max(kMinCap, high_water.load(std::memory_order_relaxed));
+      if (n <= cap) {
         try {
-          c.idle.insert({n, ptr});
+          evict_for(c, n, cap);
+          c.idle.insert({n, Idle{ptr, ++c.frees}});
           c.idle_bytes += n;
           return;
         } catch (const std::bad_alloc&) {

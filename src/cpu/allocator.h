@@ -1,9 +1,12 @@
 // Host memory for tensors: 64-byte aligned. Blocks of 64 KiB and up are
-// kept after they are freed, up to 256 MiB in all, and handed out again for
-// any request of their size class (four an octave, so up to 25% over what
-// is asked; allocator.cpp): fresh pages cost a fault each (~2-20 µs on the
-// development VM), which made repeated calls pay for their outputs' memory
-// again and again. Off under AddressSanitizer, so that use-after-free is caught.
+// kept after they are freed and handed out again for any request of their
+// size class (four an octave, so up to 25% over what is asked;
+// allocator.cpp): fresh pages cost a fault each (~2-20 µs on the development
+// VM), which made repeated calls pay for their outputs' memory again and
+// again. The idle blocks kept hold at most the most bytes ever in use at once
+// (256 MiB at least), so a training step whose activations outgrow 256 MiB
+// still finds all of them again; past that the least recently freed go first.
+// Off under AddressSanitizer, so that use-after-free is caught.
 #pragma once
 
 #include <cstddef>
