@@ -6,12 +6,16 @@
 // dyᵀ·x (M = out, N = in, K = rows), for the attention projections and both
 // feed-forward layers. A third column times OpenBLAS as the layers call it
 // (cpu::gemm: rows or columns split over OpenMP's threads, one OpenBLAS
-// thread each; cpu/gemm.cpp).
+// thread each; cpu/gemm.cpp). A fourth times the bfloat16 product of
+// bf16-mixed training (cpu::gemm on bfloat16 operands, float32 C: vdpbf16ps
+// where bf16_dot_products_pay(), else widened to float32), counted at the
+// same 2·M·N·K FLOPs.
 //   build/bench/bench_gemm [--reps 7]
 #include <cblas.h>
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -34,8 +38,10 @@ int main(int argc, char** argv) {
   const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
   std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s\n", bench::cpu_name().c_str(), omp_get_max_threads(),
               openblas_get_corename(), avx512 ? "avx512" : "avx2");
-  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB", "mha GF/s",
-              "BLAS GF/s", "split GF/s");
+  const bool bf16 = cpu::bf16_dot_products_pay();
+  std::printf("# bfloat16 product: %s\n", bf16 ? "vdpbf16ps (gemm_bf16_avx512)" : "widened to float32");
+  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB",
+              "mha GF/s", "BLAS GF/s", "split GF/s", "bf16 GF/s");
   for (const Config& c : configs) {
     struct Product {
       const char* name;
@@ -64,18 +70,22 @@ int main(int argc, char** argv) {
         if (cpu::sgemm_backend() == cpu::GemmBackend::openblas)
           cpu::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
       };
-      ours(), blas(), split();
-      std::vector<double> t_ours, t_blas, t_split;
+      std::vector<mha::bfloat16> a16(a.size(), mha::bfloat16(0.01f)), b16(b.size(), mha::bfloat16(0.02f));
+      auto half = [&] {
+        cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a16.data(), lda, b16.data(), ldb, 1.0f, out.data(), p.n);
+      };
+      ours(), blas(), split(), half();
+      std::vector<double> t_ours, t_blas, t_split, t_half;
       for (int r = 0; r < reps; ++r)
         t_ours.push_back(bench::seconds_of(ours)), t_blas.push_back(bench::seconds_of(blas)),
-            t_split.push_back(bench::seconds_of(split));
-      std::sort(t_ours.begin(), t_ours.end());
-      std::sort(t_blas.begin(), t_blas.end());
-      std::sort(t_split.begin(), t_split.end());
+            t_split.push_back(bench::seconds_of(split)), t_half.push_back(bench::seconds_of(half));
       const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
-      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f %10.1f\n", c.name, p.name, (long long)p.m,
-                  (long long)p.n, (long long)p.k, p.ta, p.tb, flops / t_ours[t_ours.size() / 2] / 1e9,
-                  flops / t_blas[t_blas.size() / 2] / 1e9, flops / t_split[t_split.size() / 2] / 1e9);
+      auto rate = [&](std::vector<double>& t) {
+        std::sort(t.begin(), t.end());
+        return flops / t[t.size() / 2] / 1e9;
+      };
+      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f %10.1f %10.1f\n", c.name, p.name, (long long)p.m,
+                  (long long)p.n, (long long)p.k, p.ta, p.tb, rate(t_ours), rate(t_blas), rate(t_split), rate(t_half));
     }
   }
   return 0;
