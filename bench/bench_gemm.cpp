@@ -7,9 +7,9 @@
 // feed-forward layers. A third column times OpenBLAS as the layers call it
 // (cpu::gemm: rows or columns split over OpenMP's threads, one OpenBLAS
 // thread each; cpu/gemm.cpp). A fourth times the bfloat16 product of
-// bf16-mixed training (cpu::gemm on bfloat16 operands, float32 C: vdpbf16ps
-// where bf16_dot_products_pay(), else widened to float32), counted at the
-// same 2·M·N·K FLOPs.
+// bf16-mixed training (cpu::gemm on bfloat16 operands, float32 C: AMX tiles,
+// vdpbf16ps or widened to float32 as cpu::bf16_products() chose, or
+// MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs.
 //   build/bench/bench_gemm [--reps 7]
 #include <cblas.h>
 #include <omp.h>
@@ -38,8 +38,7 @@ int main(int argc, char** argv) {
   const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
   std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s\n", bench::cpu_name().c_str(), omp_get_max_threads(),
               openblas_get_corename(), avx512 ? "avx512" : "avx2");
-  const bool bf16 = cpu::bf16_dot_products_pay();
-  std::printf("# bfloat16 product: %s\n", bf16 ? "vdpbf16ps (gemm_bf16_avx512)" : "widened to float32");
+  std::printf("# bfloat16 products: %s\n", cpu::to_string(cpu::bf16_products()).c_str());
   std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB",
               "mha GF/s", "BLAS GF/s", "split GF/s", "bf16 GF/s");
   for (const Config& c : configs) {

@@ -133,17 +133,17 @@ TEST_P(EachIsa, FeaturesForwardAndBackward) {
   }
 }
 
-// Each bfloat16 case on both kernels the CPU has: vdpbf16ps products (where
-// it has AVX512-BF16 and runs avx512) and float32 products of the widened values.
+// Each bfloat16 case on every kind of product the CPU has: vdpbf16ps (where
+// it has AVX512-BF16 and runs avx512), AMX tiles for the products around the
+// kernel and float32 products of the widened values.
 template <class F>
 void on_each_bf16_kernel(F&& f) {
-  for (bool dot : {false, true}) {
-    if (dot && !__builtin_cpu_supports("avx512bf16")) continue;
-    cpu::force_bf16_dot_products(dot);
-    SCOPED_TRACE(dot ? "vdpbf16ps products" : "widened products");
+  for (cpu::Bf16Products kind : cpu::supported_bf16_products()) {
+    cpu::force_bf16_products(kind);
+    SCOPED_TRACE("bfloat16 products: " + cpu::to_string(kind));
     f();
   }
-  cpu::force_bf16_dot_products(std::nullopt);
+  cpu::force_bf16_products(std::nullopt);
 }
 
 TEST_P(EachIsa, Bfloat16) {

@@ -147,6 +147,28 @@ TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   if (__builtin_cpu_supports("avx512bf16"))
     check_bf16_products("gemm_bf16_avx512", [](auto... args) { cpu::gemm_bf16_avx512(args...); },
                         {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}, {9, 21, 75}, {16, 5, 64}});
+  // AMX: one tile (16), a block (32), past a work item (128 × 256) and a
+  // chunk of 256 pairs (k > 512), odd everywhere.
+  if (cpu::amx_bf16_usable())
+    check_bf16_products("gemm_bf16_amx", [](auto... args) { cpu::gemm_bf16_amx(args...); },
+                        {{1, 1, 1}, {7, 13, 6}, {16, 16, 32}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401},
+                         {47, 35, 1031}, {300, 70, 33}});
+}
+
+TEST(Bf16Gemm, EveryKindOfProductRunsWhereSupportedAndIsRefusedElsewhere) {
+  const std::vector<cpu::Bf16Products> kinds = cpu::supported_bf16_products();
+  EXPECT_EQ(kinds.front(), cpu::Bf16Products::widen);
+  for (cpu::Bf16Products kind : {cpu::Bf16Products::widen, cpu::Bf16Products::dot, cpu::Bf16Products::amx}) {
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+      EXPECT_THROW(cpu::force_bf16_products(kind), DeviceError) << cpu::to_string(kind);
+      continue;
+    }
+    cpu::force_bf16_products(kind);
+    EXPECT_EQ(cpu::bf16_products(), kind);
+    check_bf16_products("gemm, " + cpu::to_string(kind) + " products", [](auto... args) { cpu::gemm(args...); },
+                        {{5, 9, 33}, {20, 40, 70}});
+  }
+  cpu::force_bf16_products(std::nullopt);
 }
 
 TEST(Bf16Gemm, BetaZeroIgnoresWhatCHeld) {

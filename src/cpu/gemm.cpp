@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 
+#include "check.h"
 #include "cpu/flash/dispatch.h"
 #include "cpu/fma_rate.h"
 #include "cpu/scratch.h"
@@ -158,30 +159,52 @@ void openblas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alp
 
 }  // namespace
 
+std::string to_string(Bf16Products kind) {
+  switch (kind) {
+    case Bf16Products::dot: return "dot";
+    case Bf16Products::amx: return "amx";
+    case Bf16Products::widen: break;
+  }
+  return "widen";
+}
+
+std::vector<Bf16Products> supported_bf16_products() {
+  std::vector<Bf16Products> out{Bf16Products::widen};
+  const bool avx512 = supported_isas().back() == Isa::avx512;  // the kernels' other instruction sets
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) out.push_back(Bf16Products::dot);
+  if (avx512 && amx_bf16_usable()) out.push_back(Bf16Products::amx);
+  return out;
+}
+
 namespace {
-std::optional<bool>& forced_bf16_dot_products() {
-  static std::optional<bool> forced;
+std::optional<Bf16Products>& forced_bf16_products() {
+  static std::optional<Bf16Products> forced;
   return forced;
 }
 }  // namespace
 
-bool bf16_dot_products_pay() {
-  static const bool by_cpu = [] {
-    if (!__builtin_cpu_supports("avx512bf16")) return false;
-    if (const char* env = std::getenv("MHA_BF16_GEMM")) {
-      if (std::string(env) == "dot") return true;
-      if (std::string(env) == "widen") return false;
-    }
-    return bool(__builtin_cpu_is("amd"));
+Bf16Products bf16_products() {
+  static const Bf16Products by_cpu = [] {
+    const std::vector<Bf16Products> kinds = supported_bf16_products();
+    if (const char* env = std::getenv("MHA_BF16_GEMM"))
+      for (Bf16Products kind : kinds)
+        if (to_string(kind) == env) return kind;
+    if (kinds.back() == Bf16Products::amx) return Bf16Products::amx;
+    if (kinds.back() == Bf16Products::dot && __builtin_cpu_is("amd")) return Bf16Products::dot;
+    return Bf16Products::widen;
   }();
-  const std::optional<bool>& forced = forced_bf16_dot_products();
+  const std::optional<Bf16Products>& forced = forced_bf16_products();
   return forced ? *forced : by_cpu;
 }
 
-void force_bf16_dot_products(std::optional<bool> on) {
-  if (on && *on && !__builtin_cpu_supports("avx512bf16"))
-    throw DeviceError("[mha::cpu::force_bf16_dot_products] on: expected a CPU with AVX512-BF16; this one has none");
-  forced_bf16_dot_products() = on;
+void force_bf16_products(std::optional<Bf16Products> kind) {
+  if (kind) {
+    const std::vector<Bf16Products> kinds = supported_bf16_products();
+    if (std::find(kinds.begin(), kinds.end(), *kind) == kinds.end())
+      raise<DeviceError>("mha::cpu::force_bf16_products", "kind", "a kind of bfloat16 product this CPU runs",
+                         to_string(*kind));
+  }
+  forced_bf16_products() = kind;
 }
 
 namespace {
@@ -228,8 +251,14 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a, int64_t lda,
           const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (bf16_dot_products_pay() && active_isa() == Isa::avx512)
-    return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (active_isa() == Isa::avx512) {
+    const Bf16Products kind = bf16_products();
+    // Few rows against a transposed B (a decoding step) go by dot products,
+    // which read B once; AMX would first have to regroup all of B in pairs.
+    const bool decoding = !ta && tb && m <= 16;
+    if (kind == Bf16Products::amx && !decoding) return gemm_bf16_amx(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (kind != Bf16Products::widen) return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   // op(A) is m×k: stored as m rows of k, or (transposed) k rows of m; B likewise.
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
   const float* fa = widen(a, a_rows, a_cols, lda, ScratchSlot::widen_a);

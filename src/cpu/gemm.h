@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mha/dtype.h"
 
@@ -34,10 +35,9 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T
 // The same with bfloat16 A and B and float32 C (cblas_sbgemm's contract): a
 // product of two bfloat16 numbers is exact in float32, and the sums are
 // float32. Debian's OpenBLAS 0.3.21 declares cblas_sbgemm but is built
-// without it, so: gemm_bf16_avx512 where bf16_dot_products_pay() (and the
-// avx512 kernels are active, see cpu/flash/dispatch.h); elsewhere the
-// operands are widened to float32 (exactly) and go through the float32
-// product. Both give the same numbers up to the order of the float32 sums.
+// without it, so mha runs it on the kernel of bf16_products() where the
+// avx512 kernels are active (cpu/flash/dispatch.h), else on widened operands.
+// Every kernel gives the same numbers up to the order of the float32 sums.
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
           int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
@@ -49,23 +49,39 @@ template <class T, class A>
 void gemm_bias(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda,
                const A* b, int64_t ldb, const T* bias, T* c, int64_t ldc);
 
-// Whether vdpbf16ps outruns float32 FMAs here, so that bfloat16 products pay:
-// on AMD's Zen 4 and later (two products per lane per instruction on the same
-// pipes: twice the FP32 rate); not on Intel's Xeons up to the 5th generation,
-// where it runs at half the AVX-512 FMA rate (measured on family 6 model 207:
-// 170 vs 345 GFLOP/s on 2 cores; their fast bfloat16 unit is AMX). CPUs with
-// AVX512-BF16, by vendor; MHA_BF16_GEMM=dot or MHA_BF16_GEMM=widen in the
-// environment decides instead. Chosen once per process; the bfloat16
-// attention kernels (cpu/flash) follow it too.
-bool bf16_dot_products_pay();
+// How bfloat16 products run:
+//   widen  operands widened to float32 (exactly), float32 products;
+//   dot    AVX512-BF16 dot products (vdpbf16ps, gemm_bf16_avx512): they pay
+//          on AMD's Zen 4 and later (two products per lane per instruction
+//          on the FMA pipes: twice the FP32 rate), not on Intel's Xeons, where
+//          vdpbf16ps runs at half the AVX-512 FMA rate (measured on family 6
+//          model 207: 170 vs 345 GFLOP/s on 2 cores);
+//   amx    AMX tiles (TDPBF16PS, gemm_bf16_amx): Intel's Xeons from the 4th
+//          generation, 16 times the FP32 FMA rate a cycle.
+// Chosen once per process: amx where the CPU and the system grant it, else
+// dot on AMD CPUs with AVX512-BF16, else widen; MHA_BF16_GEMM=widen, dot or
+// amx in the environment decides instead (where supported). The bfloat16
+// attention kernels (cpu/flash) use vdpbf16ps where the choice is dot.
+enum class Bf16Products { widen, dot, amx };
+Bf16Products bf16_products();
+// The kinds this CPU can run (widen always), and their names.
+std::vector<Bf16Products> supported_bf16_products();
+std::string to_string(Bf16Products kind);
 // Tests: decide it for later calls (nullopt: back to the CPU's answer).
-// Throws DeviceError to turn it on without AVX512-BF16.
-void force_bf16_dot_products(std::optional<bool> on);
+// Throws DeviceError for a kind the CPU cannot run.
+void force_bf16_products(std::optional<Bf16Products> kind);
 
-// The AVX512-BF16 kernel of the above (gemm_bf16_avx512.cpp). Needs
-// AVX512-BF16; treats bfloat16 denormals as zero.
+// The AVX512-BF16 kernel (gemm_bf16_avx512.cpp). Needs AVX512-BF16; treats
+// bfloat16 denormals as zero.
 void gemm_bf16_avx512(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The AMX kernel (gemm_bf16_amx.cpp). Needs amx_bf16_usable(); treats
+// bfloat16 denormals as zero.
+void gemm_bf16_amx(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// Whether the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 and the system has
+// granted this process the tiles' state (asked once, at the first call).
+bool amx_bf16_usable();
 
 // out[j] = the pair (even[j], odd[j]) as one word, even[j] in its low half,
 // for j < n (odd null: 0 in every high half): two rows of bfloat16 regrouped

@@ -18,11 +18,10 @@
 #include <immintrin.h>
 #include <omp.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "cpu/gemm.h"
+#include "cpu/gemm_bf16_scaled.h"
 #include "cpu/scratch.h"
 
 namespace mha::cpu {
@@ -244,22 +243,11 @@ void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t 
 
 void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
                       int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k == 0) {
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
-    return;
-  }
-  if (!ta && tb && m <= kSkinnyRows) return skinny_product(m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc);
-  if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) return product(ta, tb, m, n, k, a, lda, b, ldb, beta == 1.0f, c, ldc);
-  // Other scalings: the product apart, then C = alpha·product + beta·C (C not read for beta = 0).
-  float* t = static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float)));
-  if (!t) throw std::bad_alloc();
-  product(ta, tb, m, n, k, a, lda, b, ldb, false, t, n);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < n; ++j)
-      c[r * ldc + j] = beta == 0.0f ? alpha * t[r * n + j] : alpha * t[r * n + j] + beta * c[r * ldc + j];
-  std::free(t);
+  if (m > 0 && n > 0 && k > 0 && !ta && tb && m <= kSkinnyRows)
+    return skinny_product(m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc);
+  bf16_product_scaled(m, n, k, alpha, beta, c, ldc, [&](bool accumulate, float* out, int64_t ld) {
+    product(ta, tb, m, n, k, a, lda, b, ldb, accumulate, out, ld);
+  });
 }
 
 void round_to_bf16_avx512(const float* src, bfloat16* dst, int64_t n) {

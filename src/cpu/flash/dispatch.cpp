@@ -176,7 +176,7 @@ Bf16Operands bf16_operands(const AttentionParams& p) {
 }
 
 bool use_bf16_kernel(const AttentionParams& p) {
-  return p.dtype == DType::bfloat16 && active_isa() == Isa::avx512 && bf16_dot_products_pay();
+  return p.dtype == DType::bfloat16 && active_isa() == Isa::avx512 && bf16_products() == Bf16Products::dot;
 }
 
 // qt2 (ceil(E/2), br, 2) = query pairs (e, e+1) of rows [i0, i0+rows) as bf16; pads 0.
