@@ -149,6 +149,7 @@ void on_each_bf16_kernel(F&& f) {
 TEST_P(EachIsa, Bfloat16) {
   on_each_bf16_kernel([] {
     for (const FlashCase& c : feature_cases()) compare(c, DType::bfloat16, true);
+    for (const FlashCase& c : shape_cases()) compare(c, DType::bfloat16, true);
     compare({"E=64 L=S=130", {2, 130, 64}, {2, 130, 64}, {2, 130, 64}, {}}, DType::bfloat16, false);
   });
 }
@@ -296,9 +297,10 @@ TEST_P(EachIsa, NonContiguousInputs) {
 }
 
 // Max error against float64 ground truth of out, dq, dk, dv: the fused path in
-// `dtype` must stay within 2× the reference path in `dtype`, on the same
+// `dtype` must stay within 2× the reference path in `dtype` (which rounds
+// only its results), the gradients within `gradient_factor` ×, on the same
 // (dtype-rounded) inputs, at a size where rounding dominates.
-static void expect_error_within_twice_reference(DType dtype, Causal causal, cpu::Isa isa) {
+static void expect_error_within(double gradient_factor, DType dtype, Causal causal, cpu::Isa isa) {
   Tensor q = random_tensor({2, 4, 257, 64}, 1, dtype), k = random_tensor({2, 4, 250, 64}, 2, dtype),
          v = random_tensor({2, 4, 250, 64}, 3, dtype), dout = random_tensor({2, 4, 257, 64}, 4, dtype);
   auto run = [&](DType as, AttentionPath path) {
@@ -313,19 +315,64 @@ static void expect_error_within_twice_reference(DType dtype, Causal causal, cpu:
   const char* names[] = {"out", "dquery", "dkey", "dvalue"};
   for (size_t i = 0; i < truth.size(); ++i) {
     const double e_ref = max_abs_diff(ref[i], truth[i]), e_fused = max_abs_diff(fused[i], truth[i]);
-    EXPECT_LE(e_fused, 2 * e_ref) << names[i];
+    EXPECT_LE(e_fused, (i == 0 ? 2 : gradient_factor) * e_ref) << names[i];
     std::printf("  %-7s %-8s %-6s error vs float64: reference %.2e, fused %.2e (%.2fx)\n", cpu::to_string(isa).c_str(),
                 to_string(dtype).c_str(), names[i], e_ref, e_fused, e_fused / e_ref);
   }
 }
 
 TEST_P(EachIsa, ErrorWithinTwiceTheReferenceError) {
-  expect_error_within_twice_reference(DType::float32, Causal::bottom_right, GetParam());
+  expect_error_within(2, DType::float32, Causal::bottom_right, GetParam());
 }
 
 TEST_P(EachIsa, Bfloat16ErrorWithinTwiceTheReferenceError) {
-  // Both bf16 paths round their outputs to bf16; the AVX512-BF16 kernel also rounds P.
-  on_each_bf16_kernel([&] { expect_error_within_twice_reference(DType::bfloat16, Causal::top_left, GetParam()); });
+  // Every bf16 path rounds its results to bf16. The AVX512-BF16 kernel also
+  // rounds P (forward and backward) and dS (backward) to bf16 before their
+  // products, each a relative error of up to 2^-9 per term, the size of the
+  // results' own rounding: its gradients get 3× (measured at this size: dQ
+  // 2.07×, dV 1.48×, dK 1.13×), its output 2× (1.20×).
+  on_each_bf16_kernel([&] {
+    const bool rounds_ds = cpu::bf16_products() == cpu::Bf16Products::dot && GetParam() == cpu::Isa::avx512;
+    expect_error_within(rounds_ds ? 3 : 2, DType::bfloat16, Causal::top_left, GetParam());
+  });
+}
+
+TEST_P(EachIsa, Bfloat16NonContiguousAndDeterministic) {
+  // Strided bfloat16 inputs (the kernel's pairs are copies then), on every
+  // kind of product; one entry runs whole on one thread and split into key
+  // and query tiles on two: the same bits.
+  Tensor q = random_tensor({1, 70, 3, 17}, 1, DType::bfloat16).permute({0, 2, 1, 3});
+  Tensor k = random_tensor({1, 3, 17, 67}, 2, DType::bfloat16).transpose(2, 3);
+  Tensor v = random_tensor({1, 3, 67, 26}, 3, DType::bfloat16).slice(3, 0, 26, 2);
+  const Tensor dout = random_tensor({1, 3, 70, 13}, 4, DType::bfloat16).transpose(2, 3).contiguous().transpose(2, 3);
+  on_each_bf16_kernel([&] {
+    AttentionOptions o{.causal = Causal::top_left, .dropout_p = 0.2, .dropout_seed = 5, .path = AttentionPath::fused};
+    const int saved = omp_get_max_threads();
+    std::vector<double> results[2];
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      for (int64_t h = 0; h < 3; ++h) {  // one head at a time: one entry
+        const auto head = [&](const Tensor& t) { return t.slice(1, h, h + 1); };
+        const AttentionOutput f = attention_forward(head(q), head(k), head(v), o);
+        const AttentionGradients g = attention_backward(head(dout), head(q), head(k), head(v), f, o);
+        for (const Tensor* t : {&f.out, &g.dquery, &g.dkey, &g.dvalue}) {
+          const std::vector<double> x = t->to_vector();
+          results[threads - 1].insert(results[threads - 1].end(), x.begin(), x.end());
+        }
+      }
+    }
+    omp_set_num_threads(saved);
+    EXPECT_EQ(results[0], results[1]);
+    AttentionOptions r = o;
+    r.path = AttentionPath::reference;
+    const AttentionOutput a = attention_forward(q, k, v, o), b = attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), r);
+    const AttentionGradients ga = attention_backward(dout, q, k, v, a, o);
+    const AttentionGradients gb = attention_backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), b, r);
+    EXPECT_LE(max_abs_diff(a.out, b.out), 2e-2 * std::max(1.0, max_abs(b.out)));
+    for (auto [x, y, name] : {std::tuple{&ga.dquery, &gb.dquery, "dquery"}, {&ga.dkey, &gb.dkey, "dkey"},
+                              {&ga.dvalue, &gb.dvalue, "dvalue"}})
+      EXPECT_LE(max_abs_diff(*x, *y), 0.1 * std::max(1.0, max_abs(*y))) << name;
+  });
 }
 
 TEST_P(EachIsa, DeterministicAcrossThreadCounts) {

@@ -132,47 +132,57 @@ FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width) {
   return r;
 }
 
-// bf16 rows for the AVX512-BF16 kernel: key rows (even row stride, E padded
-// to even with zeros) and values regrouped in key pairs (S2, Ev, 2).
-struct Bf16Operands {
-  Tensor keys, values;
-  std::vector<int64_t> key_offset, value_offset;
-  int64_t key_row = 0;
+// A bfloat16 operand of the AVX512-BF16 kernels, per output batch entry.
+struct Bf16Rows {
+  Tensor tensor;
+  std::vector<int64_t> offset;  // per output batch entry
+  int64_t row = 0;
+  const uint16_t* at(int64_t b) const { return &tensor.data<bfloat16>()[offset[size_t(b)]].bits; }
 };
 
-Bf16Operands bf16_operands(const AttentionParams& p) {
-  Bf16Operands o;
-  const int64_t E2 = (p.E + 1) / 2, S2 = (p.S + 1) / 2, Ev = p.Ev;
-  const Tensor& k = p.k;
-  if (k.stride(-1) == 1 && p.E % 2 == 0 && k.stride(-2) % 2 == 0 && k.offset() % 2 == 0) {
-    o.keys = k;
-  } else {
-    Shape padded = k.shape();
-    padded.back() = 2 * E2;
-    o.keys = Tensor::zeros(padded, DType::bfloat16);
-    o.keys.slice(-1, 0, p.E).copy_(k);
+Bf16Rows with_offsets(Tensor t, const AttentionParams& p) {
+  Bf16Rows r;
+  r.offset = batch_offsets(p.batch_shape, leading(t.shape()), leading(t.strides()));
+  r.row = t.stride(-2);
+  r.tensor = std::move(t);
+  return r;
+}
+
+// t (…, n, E) as rows of pairs: unit element stride, an even length and
+// an even row stride and offset (zero padded where t has none of them), so
+// that a row is read as 32-bit words.
+Bf16Rows bf16_rows(const Tensor& t, const AttentionParams& p) {
+  const int64_t E = t.size(-1);
+  if (t.stride(-1) == 1 && E % 2 == 0 && t.stride(-2) % 2 == 0 && t.offset() % 2 == 0) return with_offsets(t, p);
+  Shape padded = t.shape();
+  padded.back() = round_up(E, 2);
+  Tensor rows = Tensor::zeros(padded, DType::bfloat16);
+  rows.slice(-1, 0, E).copy_(t);
+  return with_offsets(std::move(rows), p);
+}
+
+// t (…, n, E) regrouped in row pairs, (…, ceil(n/2), width, 2): element
+// (j, e) at ((j/2)·width + e)·2 + j%2, zeros past n and E (width ≥ E).
+Bf16Rows bf16_pairs(const Tensor& t, const AttentionParams& p, int64_t width) {
+  const Tensor c = t.contiguous();
+  const int64_t n = c.size(-2), E = c.size(-1), n2 = (n + 1) / 2;
+  Shape pairs = leading(c.shape());
+  pairs.push_back(2 * n2);
+  pairs.push_back(width);
+  Tensor out = Tensor::empty(pairs, DType::bfloat16);
+  const uint16_t* src = &c.data<bfloat16>()->bits;
+  uint16_t* dst = &out.data<bfloat16>()->bits;
+  const int64_t heads = shape_numel(leading(c.shape()));
+  // Pair row q of head h: rows 2q and 2q + 1 interleaved (the second 0 past n).
+#pragma omp parallel for schedule(static) if (heads * n2 * width >= (int64_t(1) << 15))
+  for (int64_t hq = 0; hq < heads * n2; ++hq) {
+    const int64_t h = hq / n2, q = hq % n2;
+    const uint16_t* even = src + (h * n + 2 * q) * E;
+    uint16_t* row = dst + (h * n2 + q) * 2 * width;
+    interleave_pairs_avx512(even, 2 * q + 1 < n ? even + E : nullptr, E, reinterpret_cast<uint32_t*>(row));
+    std::memset(row + 2 * E, 0, size_t(2 * (width - E)) * sizeof(uint16_t));
   }
-  o.key_offset = batch_offsets(p.batch_shape, leading(o.keys.shape()), leading(o.keys.strides()));
-  o.key_row = o.keys.stride(-2);
-  // values (…, S, Ev) → (…, S2, Ev, 2): element (j, e) at ((j/2)·Ev + e)·2 + j%2.
-  const Tensor v = p.v.contiguous();
-  Shape pairs = leading(v.shape());
-  pairs.push_back(2 * S2);
-  pairs.push_back(Ev);
-  o.values = Tensor::empty(pairs, DType::bfloat16);
-  const uint16_t* src = &v.data<bfloat16>()->bits;
-  uint16_t* dst = &o.values.data<bfloat16>()->bits;
-  const int64_t heads = shape_numel(leading(v.shape()));
-  // Pair row q of head h: rows 2q and 2q + 1 interleaved (the second 0 past S).
-#pragma omp parallel for schedule(static) if (heads * S2 * Ev >= (int64_t(1) << 15))
-  for (int64_t hq = 0; hq < heads * S2; ++hq) {
-    const int64_t h = hq / S2, q = hq % S2;
-    const uint16_t* even = src + (h * p.S + 2 * q) * Ev;
-    interleave_pairs_avx512(even, 2 * q + 1 < p.S ? even + Ev : nullptr, Ev,
-                            reinterpret_cast<uint32_t*>(dst + (h * 2 * S2 + 2 * q) * Ev));
-  }
-  o.value_offset = batch_offsets(p.batch_shape, leading(o.values.shape()), leading(o.values.strides()));
-  return o;
+  return with_offsets(std::move(out), p);
 }
 
 bool use_bf16_kernel(const AttentionParams& p) {
@@ -255,7 +265,8 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const bool bf16_kernel = use_bf16_kernel(p);
   const FloatRows keys = bf16_kernel ? FloatRows{} : float_rows(p.k, p, E);
   const FloatRows values = bf16_kernel ? FloatRows{} : float_rows(p.v, p, Ev);
-  const Bf16Operands pairs = bf16_kernel ? bf16_operands(p) : Bf16Operands{};
+  const Bf16Rows keys16 = bf16_kernel ? bf16_rows(p.k, p) : Bf16Rows{};
+  const Bf16Rows value_pairs = bf16_kernel ? bf16_pairs(p.v, p, Ev) : Bf16Rows{};
   void (*forward_tile)(const FlashForwardTile&) = bf16_kernel ? &flash_forward_tile_bf16_avx512 : k.forward_tile;
   const Loader q{p.q.raw_data(), p.dtype};
   const bool float_out = p.dtype == DType::float32;
@@ -284,8 +295,8 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
       uint16_t* qt2 = static_cast<uint16_t*>(own_slice(query_tiles));
       pack_query_pairs(p.q.data<bfloat16>() + p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, qt2);
       t.qt2 = qt2;
-      t.k16 = &pairs.keys.data<bfloat16>()[pairs.key_offset[size_t(b)]].bits, t.k16_row = pairs.key_row;
-      t.v2 = &pairs.values.data<bfloat16>()[pairs.value_offset[size_t(b)]].bits;
+      t.k16 = keys16.at(b), t.k16_row = keys16.row;
+      t.v2 = value_pairs.at(b);
     } else {
       float* qt = static_cast<float*>(own_slice(query_tiles));
       pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, 1.0f, qt);
@@ -324,6 +335,16 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
 
 namespace {
 
+// x rows [0, L) (row, col strides) regrouped in row pairs, (L_pad/2, width,
+// 2): element (i, e) at ((i/2)·width + e)·2 + i%2, zeros past L and E.
+void pack_row_pairs(const bfloat16* x, int64_t row, int64_t col, int64_t L, int64_t E, int64_t L_pad, int64_t width,
+                    uint16_t* out) {
+  for (int64_t i = 0; i < L_pad; ++i) {
+    uint16_t* dst = out + (i / 2) * 2 * width + i % 2;
+    for (int64_t e = 0; e < width; ++e) dst[2 * e] = i < L && e < E ? x[i * row + e * col].bits : uint16_t(0);
+  }
+}
+
 // Everything the backward of one call shares between batch entries.
 struct BackwardPlan {
   const AttentionParams& p;
@@ -337,54 +358,96 @@ struct BackwardPlan {
   int64_t dq_pitch;
   uint32_t threshold;
   float drop_scale;
+  // The AVX512-BF16 kernel (bf16 true) reads these instead of the float rows.
+  bool bf16 = false;
+  Bf16Rows k16, v16, k2;
+  Tensor dout16;  // dO, contiguous
 
-  // Per-entry packed operands: Q and dO in transposed tiles, lse·log2e, D.
+  // Per-entry packed operands: lse·log2e and D, and Q and dO in transposed
+  // tiles (float32), or, for the bfloat16 kernel, in tiles of pairs along e
+  // and in row pairs.
   struct Packed {
-    float *qt, *dot, *lse2, *delta;
+    float *lse2, *delta, *qt, *dot;
+    uint16_t *qt2, *dot2, *q2, *dout2;
   };
-  static int64_t packed_floats(int64_t L_pad, int64_t E, int64_t Ev) { return L_pad * (E + Ev + 2); }
+  int64_t packed_floats() const {
+    if (!bf16) return L_pad * (E + Ev + 2);
+    return L_pad * (2 + (E + 1) / 2 + (Ev + 1) / 2) + L_pad / 2 * (E_pad + Ev_pad);
+  }
   Packed carve(float* base) const {
-    return {base, base + L_pad * E, base + L_pad * (E + Ev), base + L_pad * (E + Ev + 1)};
+    Packed d{base, base + L_pad, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    float* rest = base + 2 * L_pad;
+    if (!bf16) {
+      d.qt = rest, d.dot = rest + L_pad * E;
+      return d;
+    }
+    d.qt2 = reinterpret_cast<uint16_t*>(rest);
+    d.dot2 = d.qt2 + L_pad * 2 * ((E + 1) / 2);
+    d.q2 = d.dot2 + L_pad * 2 * ((Ev + 1) / 2);
+    d.dout2 = d.q2 + L_pad * E_pad;
+    return d;
   }
 
   void pack(int64_t b, const Packed& d) const {
     const Loader o{out.raw_data(), p.dtype};
     const float* l = lse.data<float>();
-    const float* q_rows = queries.at(b);
-    const float* d_rows = douts.at(b);
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t i0 = tile * br, rows = std::min(br, L - i0);
-      pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, d.qt + tile * E * br);
-      pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, d.dot + tile * Ev * br);
+    if (bf16) {
+      const bfloat16* q = p.q.data<bfloat16>() + p.q_offset[size_t(b)];
+      const bfloat16* dout = dout16.data<bfloat16>() + b * L * Ev;
+      const int64_t E2 = (E + 1) / 2, Ev2 = (Ev + 1) / 2;
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t i0 = tile * br, rows = std::min(br, L - i0);
+        pack_query_pairs(q, p.q_row, p.q_col, i0, rows, E, br, d.qt2 + tile * E2 * br * 2);
+        pack_query_pairs(dout, Ev, 1, i0, rows, Ev, br, d.dot2 + tile * Ev2 * br * 2);
+      }
+      pack_row_pairs(q, p.q_row, p.q_col, L, E, L_pad, E_pad, d.q2);
+      pack_row_pairs(dout, Ev, 1, L, Ev, L_pad, Ev_pad, d.dout2);
+    } else {
+      const float* q_rows = queries.at(b);
+      const float* d_rows = douts.at(b);
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t i0 = tile * br, rows = std::min(br, L - i0);
+        pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, d.qt + tile * E * br);
+        pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, d.dot + tile * Ev * br);
+      }
     }
     // D_i = Σ_e dO_ie·O_ie in double, in four running sums (one chain of
     // dependent adds took as long as the backward's products at E = 32).
-    o.typed(b * L * Ev, [&](const auto* out_rows) {
-      for (int64_t i = 0; i < L_pad; ++i) {
-        double part[4] = {};
-        if (i < L) {
-          const float* dr = d_rows + i * douts.row;
-          const auto* orow = out_rows + i * Ev;
-          int64_t e = 0;
-          for (; e + 4 <= Ev; e += 4)
-            for (int u = 0; u < 4; ++u) part[u] += double(dr[e + u]) * double(float(orow[e + u]));
-          for (; e < Ev; ++e) part[0] += double(dr[e]) * double(float(orow[e]));
+    const Loader dl = bf16 ? Loader{dout16.data<bfloat16>() + b * L * Ev, p.dtype} : Loader{douts.at(b), DType::float32};
+    const int64_t d_row = bf16 ? Ev : douts.row;
+    dl.typed(0, [&](const auto* d_rows) {
+      o.typed(b * L * Ev, [&](const auto* out_rows) {
+        for (int64_t i = 0; i < L_pad; ++i) {
+          double part[4] = {};
+          if (i < L) {
+            const auto* dr = d_rows + i * d_row;
+            const auto* orow = out_rows + i * Ev;
+            int64_t e = 0;
+            for (; e + 4 <= Ev; e += 4)
+              for (int u = 0; u < 4; ++u) part[u] += double(float(dr[e + u])) * double(float(orow[e + u]));
+            for (; e < Ev; ++e) part[0] += double(float(dr[e])) * double(float(orow[e]));
+          }
+          const double delta = (part[0] + part[1]) + (part[2] + part[3]);
+          const float li = i < L ? l[b * L + i] : -INFINITY;
+          d.lse2[i] = li == -INFINITY ? INFINITY : li * kLog2e;
+          d.delta[i] = float(delta);
         }
-        const double delta = (part[0] + part[1]) + (part[2] + part[3]);
-        const float li = i < L ? l[b * L + i] : -INFINITY;
-        d.lse2[i] = li == -INFINITY ? INFINITY : li * kLog2e;
-        d.delta[i] = float(delta);
-      }
+      });
     });
   }
 
   FlashBackwardHead head(int64_t b, const Packed& d, const DropoutContext& drop, float* scratch) const {
     FlashBackwardHead h{};
-    h.qt = d.qt, h.logit_scale = float(p.scale) * kLog2e;
-    h.q = queries.at(b), h.q_row = queries.row;
-    h.dot = d.dot, h.dout = douts.at(b), h.dout_row = douts.row;
+    h.logit_scale = float(p.scale) * kLog2e;
+    if (bf16) {
+      h.qt2 = d.qt2, h.dot2 = d.dot2, h.q2 = d.q2, h.dout2 = d.dout2;
+      h.k16 = k16.at(b), h.k16_row = k16.row, h.v16 = v16.at(b), h.v16_row = v16.row, h.k2 = k2.at(b);
+    } else {
+      h.qt = d.qt, h.q = queries.at(b), h.q_row = queries.row;
+      h.dot = d.dot, h.dout = douts.at(b), h.dout_row = douts.row;
+      h.k = keys.at(b), h.k_row = keys.row, h.v = values.at(b), h.v_row = values.row;
+    }
     h.lse2 = d.lse2, h.delta = d.delta;
-    h.k = keys.at(b), h.k_row = keys.row, h.v = values.at(b), h.v_row = values.row;
     h.mask = p.mask.defined() ? p.mask.data<float>() + p.mask_offset[size_t(b)] : nullptr;
     h.mask_row = p.mask_row, h.mask_col = p.mask_col;
     h.L = L, h.S = S, h.E = E, h.Ev = Ev, h.E_pad = E_pad, h.Ev_pad = Ev_pad, h.br = br;
@@ -517,14 +580,25 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   };
   Tensor dq_full = buffer(direct_q, p.batch * L * E_pad), dk_full = buffer(direct_k, p.batch * S * E),
                dv_full = buffer(direct_v, p.batch * S * Ev);
-  const BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
-                          float_rows(p.k, p, E_pad), float_rows(p.v, p, Ev), float_rows(p.q, p, E_pad),
-                          float_rows(dout_t, p, Ev_pad), fwd.out.contiguous(), fwd.lse.contiguous(),
-                          (direct_q ? g.dquery : dq_full).data<float>(), (direct_k ? g.dkey : dk_full).data<float>(),
-                          (direct_v ? g.dvalue : dv_full).data<float>(), direct_q ? E : E_pad,
-                          dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
+  // The AVX512-BF16 kernel where bfloat16 dot products pay (not for a loss
+  // on the returned weights: their share runs on float32 rows).
+  const bool bf16 = use_bf16_kernel(p) && !p.dweights.defined();
+  const auto rows = [&](const Tensor& t, int64_t width) { return bf16 ? FloatRows{} : float_rows(t, p, width); };
+  BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
+                    rows(p.k, E_pad), rows(p.v, Ev), rows(p.q, E_pad), rows(dout_t, Ev_pad),
+                    fwd.out.contiguous(), fwd.lse.contiguous(),
+                    (direct_q ? g.dquery : dq_full).data<float>(), (direct_k ? g.dkey : dk_full).data<float>(),
+                    (direct_v ? g.dvalue : dv_full).data<float>(), direct_q ? E : E_pad,
+                    dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
+  if (bf16) {
+    plan.bf16 = true;
+    plan.k16 = bf16_rows(p.k, p), plan.v16 = bf16_rows(p.v, p), plan.k2 = bf16_pairs(p.k, p, E_pad);
+    plan.dout16 = dout_t.contiguous();
+  }
+  void (*backward_head)(const FlashBackwardHead&) = bf16 ? &flash_backward_head_bf16_avx512 : k.backward_head;
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
-  const int64_t packed = BackwardPlan::packed_floats(plan.L_pad, E, Ev), scratch = flash_backward_scratch(E_pad, Ev_pad, br);
+  const int64_t packed = plan.packed_floats();
+  const int64_t scratch = flash_backward_scratch(E_pad, Ev_pad, br) + (bf16 ? flash_bf16_backward_scratch(br) : 0);
 
   const PerThread packs = per_thread_scratch(ScratchSlot::flash_a, (p.batch >= omp_get_max_threads() ? packed : 0) * int64_t(sizeof(float)));
   const PerThread works = per_thread_scratch(ScratchSlot::flash_b, scratch * int64_t(sizeof(float)));
@@ -538,7 +612,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
       plan.pack(b, d);
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
       const FlashBackwardHead h = plan.head(b, d, drop, static_cast<float*>(own_slice(works)));
-      k.backward_head(h);
+      backward_head(h);
       finite = finite && all_finite(h.dq, L, E, h.dq_row) && all_finite(h.dk, S, E, h.dk_row) &&
                all_finite(h.dv, S, Ev, h.dv_row);
     }
@@ -559,7 +633,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
       FlashBackwardHead h = plan.head(b, packed_of(b), drop, static_cast<float*>(own_slice(works)));
       h.key_begin = j0, h.key_end = j0 + kFlashKeyTile, h.want_dq = false;
-      k.backward_head(h);
+      backward_head(h);
       const int64_t cols = std::min(kFlashKeyTile, S - j0);
       finite = finite && all_finite(h.dk + j0 * h.dk_row, cols, E, h.dk_row) &&
                all_finite(h.dv + j0 * h.dv_row, cols, Ev, h.dv_row);
@@ -570,7 +644,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
       FlashBackwardHead h = plan.head(b, packed_of(b), drop, static_cast<float*>(own_slice(works)));
       h.query_begin = i0, h.query_end = i0 + br, h.want_dkdv = false;
-      k.backward_head(h);
+      backward_head(h);
       finite = finite && all_finite(h.dq + i0 * h.dq_row, std::min(br, L - i0), E, h.dq_row);
     }
   }

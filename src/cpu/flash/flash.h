@@ -91,6 +91,17 @@ struct FlashBackwardHead {
   // results do not depend on how the work was divided.
   int64_t key_begin, key_end, query_begin, query_end;
   bool want_dkdv, want_dq;
+  // The bfloat16 kernel only (then qt, q, dot, dout, k and v are unused):
+  // operands in pairs along each product's reduction, zero padded.
+  const uint16_t* qt2;    // (L_pad / br) tiles of (ceil(E/2), br, 2): query pairs (e, e+1) per lane
+  const uint16_t* dot2;   // tiles of (ceil(Ev/2), br, 2): dO pairs (e, e+1) per lane
+  const uint16_t* q2;     // (L_pad/2, E_pad, 2): query pairs (i, i+1) per element e
+  const uint16_t* dout2;  // (L_pad/2, Ev_pad, 2): dO pairs (i, i+1) per element e
+  const uint16_t* k16;    // key rows, k16_row apart (even), 2·ceil(E/2) readable
+  int64_t k16_row;
+  const uint16_t* v16;    // value rows, v16_row apart (even), 2·ceil(Ev/2) readable
+  int64_t v16_row;
+  const uint16_t* k2;     // (ceil(S/2), E_pad, 2): key pairs (j, j+1) per element e
 };
 
 // Largest query tile width a dispatcher may choose.
@@ -107,6 +118,7 @@ inline int64_t flash_bf16_scratch(int64_t br) { return kFlashKeyTile * br / 2 + 
 inline int64_t flash_backward_scratch(int64_t E_pad, int64_t Ev_pad, int64_t br) {
   return 4 * kFlashKeyTile * br + kFlashKeyTile * (E_pad + Ev_pad) + 64;
 }
+inline int64_t flash_bf16_backward_scratch(int64_t br) { return 3 * kFlashKeyTile * br / 2 + 64; }
 
 // The kernels of each instruction set (kernel_*.cpp). Call one only when the
 // CPU supports its instruction set (flash.cpp chooses).
@@ -117,7 +129,9 @@ MHA_DECLARE_FLASH_KERNELS(scalar)
 MHA_DECLARE_FLASH_KERNELS(avx2)
 MHA_DECLARE_FLASH_KERNELS(avx512)
 #undef MHA_DECLARE_FLASH_KERNELS
-// Needs AVX512-BF16.
+// Need AVX512-BF16. The backward's scratch is flash_backward_scratch +
+// flash_bf16_backward_scratch floats.
 void flash_forward_tile_bf16_avx512(const FlashForwardTile& t);
+void flash_backward_head_bf16_avx512(const FlashBackwardHead& h);
 
 }  // namespace mha::cpu

@@ -313,6 +313,21 @@ void gemm_bf16(int64_t R, int64_t N, int64_t K2, const uint32_t* A, int64_t ar, 
       micro_bf16_rows<1, ACC>(min64(kMR, R - r0), A + r0 * ar, ar, ak, B + 2 * c0, ldb, C + r0 * ldc + c0, ldc, K2);
 }
 
+// out (ceil(cols/2), br, 2) = rows j and j+1 of x (cols × br) rounded to
+// bfloat16 and interleaved lane by lane: [x_j(i), x_j+1(i)] for each query i
+// (0 for the partner of an odd last row).
+inline void pairs_along_keys(const float* x, int64_t br, int64_t cols, uint16_t* out) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t j2 = 0; j2 < (cols + 1) / 2; ++j2)
+    for (int64_t v = 0; v < br / W; ++v) {
+      const __m512 lo = _mm512_loadu_ps(x + 2 * j2 * br + v * W);
+      const __m512 hi = 2 * j2 + 1 < cols ? _mm512_loadu_ps(x + (2 * j2 + 1) * br + v * W) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // low half lo, high half hi
+      _mm512_storeu_si512(out + (j2 * br + v * W) * 2, _mm512_permutexvar_epi16(interleave, both));
+    }
+}
+
 struct Bf16Products {
   const FlashForwardTile& t;
   uint16_t* pt2;  // (Bc/2, br, 2): probabilities in key pairs
@@ -324,19 +339,9 @@ struct Bf16Products {
                      t.qt2, 2 * t.br, st, t.br);
   }
   void accumulate(int64_t j0, int64_t cols, const float* pt, float* ot) const {
-    // Interleave rows j and j+1 lane by lane: [p_j(i), p_j+1(i)] for each query i.
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const int64_t pairs = (cols + 1) / 2;
-    for (int64_t j2 = 0; j2 < pairs; ++j2)
-      for (int64_t v = 0; v < t.br / W; ++v) {
-        const __m512 x = _mm512_loadu_ps(pt + 2 * j2 * t.br + v * W);
-        const __m512 y = 2 * j2 + 1 < cols ? _mm512_loadu_ps(pt + (2 * j2 + 1) * t.br + v * W) : _mm512_setzero_ps();
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(y, x);  // low half x, high half y
-        _mm512_storeu_si512(pt2 + (j2 * t.br + v * W) * 2, _mm512_permutexvar_epi16(interleave, both));
-      }
-    gemm_bf16<true>(t.Ev, t.br, pairs, reinterpret_cast<const uint32_t*>(t.v2 + j0 * t.Ev), 1, t.Ev, pt2, 2 * t.br,
-                    ot, t.br);
+    pairs_along_keys(pt, t.br, cols, pt2);
+    gemm_bf16<true>(t.Ev, t.br, (cols + 1) / 2, reinterpret_cast<const uint32_t*>(t.v2 + j0 * t.Ev), 1, t.Ev, pt2,
+                    2 * t.br, ot, t.br);
   }
 };
 
@@ -346,7 +351,31 @@ inline void forward_tile_bf16(const FlashForwardTile& t) {
 }
 #endif
 
-inline void backward_head(const FlashBackwardHead& h) {
+// The backward's five products on float32 operands.
+struct FloatBackwardProducts {
+  const FlashBackwardHead& h;
+  // S_T (cols × br) = K[j0 …] · Q_T of query tile `tile`.
+  void scores(int64_t j0, int64_t cols, int64_t tile, float* st) const {
+    gemm<false>(cols, h.br, h.E, h.k + j0 * h.k_row, h.k_row, 1, h.qt + tile * h.E * h.br, h.br, st, h.br);
+  }
+  // dP_T (cols × br) = V[j0 …] · dO_T of query tile `tile`.
+  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt) const {
+    gemm<false>(cols, h.br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, h.dot + tile * h.Ev * h.br, h.br, dpt, h.br);
+  }
+  // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += (dS·scale)_T · Q_tile.
+  void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
+                     float* dv_acc) const {
+    gemm<true>(cols, h.Ev_pad, rows, pdrop, h.br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad);
+    gemm<true>(cols, h.E_pad, rows, dst, h.br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad);
+  }
+  // dQ_tile (rows × E_pad) += (dS·scale) · K_tile: A(i, j) = dS_T[j][i].
+  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst) const {
+    gemm<true>(rows, h.E_pad, cols, dst, 1, h.br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row);
+  }
+};
+
+template <class Products>
+void backward_head_with(const FlashBackwardHead& h, const Products& products) {
   const int64_t br = h.br, nv = br / W;
   float* st = h.scratch;                         // (Bc, br): scores, then P
   float* dst = st + kFlashKeyTile * br;          // (Bc, br): dP, then dS·scale
@@ -368,10 +397,10 @@ inline void backward_head(const FlashBackwardHead& h) {
     const int64_t q_hi = min64(min64(h.L, h.query_end), j0 + cols - h.band.lo_shift);
     for (int64_t i0 = q_lo / br * br; i0 < q_hi; i0 += br) {
       const int64_t rows = min64(br, h.L - i0), tile = i0 / br;
-      gemm<false>(cols, br, h.E, h.k + j0 * h.k_row, h.k_row, 1, h.qt + tile * h.E * br, br, st, br);
+      products.scores(j0, cols, tile, st);
       const Vec c = Vec::set1(finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band,
                                             h.mask ? h.mask + i0 * h.mask_row : nullptr, h.mask_row, h.mask_col));
-      gemm<false>(cols, br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, h.dot + tile * h.Ev * br, br, dst, br);
+      products.dprobs(j0, cols, tile, dst);
       if (drop) h.dropout.fill(h.dropout.ctx, i0, rows, j0, cols, factors, br);
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
@@ -388,14 +417,8 @@ inline void backward_head(const FlashBackwardHead& h) {
           ((p * scale) * (dp - delta)).store(dst + j * br + v * W);  // dS_T · scale
         }
       }
-      if (h.want_dkdv) {
-        // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += (dS·scale)_T · Q_tile.
-        gemm<true>(cols, h.Ev_pad, rows, pdrop, br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad);
-        gemm<true>(cols, h.E_pad, rows, dst, br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad);
-      }
-      // dQ_tile (rows × E_pad) += (dS·scale) · K_tile: A(i, j) = dS_T[j][i].
-      if (h.want_dq)
-        gemm<true>(rows, h.E_pad, cols, dst, 1, br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row);
+      if (h.want_dkdv) products.key_gradients(cols, i0, rows, pdrop, dst, dk_acc, dv_acc);
+      if (h.want_dq) products.query_gradient(j0, cols, i0, rows, dst);
     }
     if (!h.want_dkdv) continue;
     for (int64_t j = 0; j < cols; ++j) {
@@ -404,5 +427,60 @@ inline void backward_head(const FlashBackwardHead& h) {
     }
   }
 }
+
+inline void backward_head(const FlashBackwardHead& h) { backward_head_with(h, FloatBackwardProducts{h}); }
+
+#if defined(MHA_SIMD_AVX512)
+// The backward's products on bfloat16 operands (vdpbf16ps), P∘F and dS·scale
+// rounded to bfloat16 as the forward rounds P: S_T and dP_T reduce over E
+// (key and value rows against query and dO pairs along e, as the forward's
+// scores), dV and dK over the tile's queries (rows of P_T and dS_T read as
+// query pairs, against dO and Q in query pairs), dQ over the keys (dS_T's
+// rows interleaved in key pairs, against K in key pairs).
+struct Bf16BackwardProducts {
+  const FlashBackwardHead& h;
+  uint16_t* p16;   // (Bc, br): P∘F rounded
+  uint16_t* ds16;  // (Bc, br): dS·scale rounded
+  uint16_t* ds2;   // (Bc/2, br, 2): dS·scale rounded, in key pairs
+
+  void scores(int64_t j0, int64_t cols, int64_t tile, float* st) const {
+    const int64_t e2 = (h.E + 1) / 2;
+    gemm_bf16<false>(cols, h.br, e2, reinterpret_cast<const uint32_t*>(h.k16 + j0 * h.k16_row), h.k16_row / 2, 1,
+                     h.qt2 + tile * e2 * h.br * 2, 2 * h.br, st, h.br);
+  }
+  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt) const {
+    const int64_t ev2 = (h.Ev + 1) / 2;
+    gemm_bf16<false>(cols, h.br, ev2, reinterpret_cast<const uint32_t*>(h.v16 + j0 * h.v16_row), h.v16_row / 2, 1,
+                     h.dot2 + tile * ev2 * h.br * 2, 2 * h.br, dpt, h.br);
+  }
+  void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
+                     float* dv_acc) const {
+    round_rows(pdrop, cols, p16);
+    round_rows(dst, cols, ds16);
+    const int64_t pairs = (rows + 1) / 2;  // an odd tile's last pair meets a pad query: P = dS = 0 there
+    gemm_bf16<true>(cols, h.Ev_pad, pairs, reinterpret_cast<const uint32_t*>(p16), h.br / 2, 1,
+                    h.dout2 + i0 * h.Ev_pad, 2 * h.Ev_pad, dv_acc, h.Ev_pad);
+    gemm_bf16<true>(cols, h.E_pad, pairs, reinterpret_cast<const uint32_t*>(ds16), h.br / 2, 1,
+                    h.q2 + i0 * h.E_pad, 2 * h.E_pad, dk_acc, h.E_pad);
+  }
+  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst) const {
+    pairs_along_keys(dst, h.br, cols, ds2);
+    gemm_bf16<true>(rows, h.E_pad, (cols + 1) / 2, reinterpret_cast<const uint32_t*>(ds2), 1, h.br,
+                    h.k2 + j0 * h.E_pad, 2 * h.E_pad, h.dq + i0 * h.dq_row, h.dq_row);
+  }
+
+  // out (rows × br bfloat16) = x (rows × br float) rounded to nearest even.
+  void round_rows(const float* x, int64_t rows, uint16_t* out) const {
+    for (int64_t k = 0; k < rows * h.br; k += W)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
+  }
+};
+
+inline void backward_head_bf16(const FlashBackwardHead& h) {
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(h.scratch + flash_backward_scratch(h.E_pad, h.Ev_pad, h.br));
+  uint16_t* ds16 = p16 + kFlashKeyTile * h.br;
+  backward_head_with(h, Bf16BackwardProducts{h, p16, ds16, ds16 + kFlashKeyTile * h.br});
+}
+#endif
 
 }  // namespace mha::cpu::MHA_ISA_NAMESPACE
