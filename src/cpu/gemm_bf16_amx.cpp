@@ -1,16 +1,11 @@
 // The bfloat16 matrix product on AMX, the tile unit of Intel's Xeons from
-// the 4th generation (Sapphire Rapids) on. A tile register is 16 rows of 64
-// bytes; TDPBF16PS C += A·B takes
-//   A: 16 rows × 16 pairs along k (32 bfloat16 a row),
-//   B: 16 pair rows × 16 columns, word (q, j) = (B[2q][j], B[2q+1][j]) —
-//      the pair layout of gemm_bf16_avx512's panels —,
-//   C: 16 × 16 float32,
-// 16·16·32 multiply-adds in one instruction, issued every 16 cycles: 1024
-// FLOP a cycle against the 64 of two 512-bit float32 FMAs.
+// the 4th generation (Sapphire Rapids) on (cpu/amx.h: the tiles and
+// TDPBF16PS):
 //
 //   op(B) (k × n) packed into panels of 32 columns (two tiles wide) of K2p
 //         pair rows, K2p = ceil(k/2) rounded up to a whole tile (16): word
-//         (q, j) as above, zeros past k and n
+//         (q, j) = (B[2q][j], B[2q+1][j]), zeros past k and n (the panels
+//         of gemm_bf16_avx512, padded)
 //   op(A) a work item's rows × a chunk of kChunk pairs, tile by tile: tile
 //         (r, s) holds rows 16r … 16r+15 and pairs 16s … 16s+15, its rows 64
 //         bytes apart (zeros past m and k)
@@ -20,8 +15,7 @@
 // Per step of 32 along k a block loads 4 KiB of tiles for 4 TDPBF16PS. A
 // panel's chunk (kChunk pair rows × 128 bytes, 32 KiB) stays in L1 while the
 // item's row blocks pass over it; the item's packed A (kItemRows × kChunk
-// words, 128 KiB) stays in L2. TDPBF16PS treats bfloat16 denormals as zero
-// and flushes denormal results, as vdpbf16ps does.
+// words, 128 KiB) stays in L2.
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -30,6 +24,7 @@
 
 #include <cstring>
 
+#include "cpu/amx.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_bf16_scaled.h"
 #include "cpu/scratch.h"
@@ -38,7 +33,7 @@ namespace mha::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 16;                  // rows of a tile; float32 columns of a C tile; pairs of an A row
+constexpr int64_t kTile = kAmxTile;
 constexpr int64_t kPanel = 2 * kTile;          // columns of a B panel
 constexpr int64_t kTileWords = kTile * kTile;  // 32-bit words of a tile
 constexpr int64_t kItemRows = 128, kChunk = 256;  // kChunk: pairs, a multiple of kTile
@@ -46,46 +41,10 @@ constexpr int64_t kItemRows = 128, kChunk = 256;  // kChunk: pairs, a multiple o
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// The tile configuration of every product: eight tiles of 16 rows × 64 bytes
-// (palette 1). Tiles 0-3 accumulate C(r, c) at 2r + c, 4-5 hold A, 6-7 B.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kTile;
-  _tile_loadconfig(&config);
-}
-
 // Mask of the bfloat16 elements [first, first + 32) that lie below k.
 inline __mmask32 below(int64_t first, int64_t k) {
   const int64_t here = k - first;
   return here >= 32 ? ~__mmask32(0) : here <= 0 ? __mmask32(0) : __mmask32((uint64_t(1) << here) - 1);
-}
-
-// r[i] (16 words) = column i of the 16 × 16 words r: four rounds of
-// shuffles, from 32-bit pairs in each 128-bit lane to whole lanes.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2)
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  // u[4g + x], lane l: words 4l + x of rows 4g … 4g + 3.
-  __m512i u[16];
-  for (int g = 0; g < 16; g += 4) {
-    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]), u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]), u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-  }
-  // Row 4l + x of the result: lane l of u[x], u[4 + x], u[8 + x], u[12 + x].
-  for (int x = 0; x < 4; ++x) {
-    const __m512i even_lo = _mm512_shuffle_i32x4(u[x], u[4 + x], 0x88), odd_lo = _mm512_shuffle_i32x4(u[x], u[4 + x], 0xdd);
-    const __m512i even_hi = _mm512_shuffle_i32x4(u[8 + x], u[12 + x], 0x88),
-                  odd_hi = _mm512_shuffle_i32x4(u[8 + x], u[12 + x], 0xdd);
-    r[x] = _mm512_shuffle_i32x4(even_lo, even_hi, 0x88), r[8 + x] = _mm512_shuffle_i32x4(even_lo, even_hi, 0xdd);
-    r[4 + x] = _mm512_shuffle_i32x4(odd_lo, odd_hi, 0x88), r[12 + x] = _mm512_shuffle_i32x4(odd_lo, odd_hi, 0xdd);
-  }
 }
 
 // Words of 16 values along a stored row: (even[i], odd[i]) for i < count
@@ -155,64 +114,6 @@ void pack_a(bool ta, const uint16_t* a, int64_t lda, int64_t m, int64_t k, int64
     }
 }
 
-// One C block of RT × CT tiles at c (rows × cols of it inside C, ldc apart)
-// (+)= the packed A tiles (row tile 1 `a_next` words after row tile 0) ·
-// the panel's pair rows from b, over `steps` tiles of k.
-template <int RT, int CT>
-void block(const uint32_t* a, int64_t a_next, const uint32_t* b, int64_t steps, bool accumulate, float* c, int64_t ldc,
-           int64_t rows, int64_t cols) {
-  alignas(64) float edge[4][kTileWords];
-  const auto full = [&](int r, int col) { return rows >= kTile * (r + 1) && cols >= kTile * (col + 1); };
-  const auto at = [&](int r, int col) { return c + kTile * (r * ldc + col); };
-  const auto edge_in = [&](int r, int col) {
-    float* e = edge[2 * r + col];
-    for (int64_t i = 0; i < kTile; ++i)
-      for (int64_t j = 0; j < kTile; ++j)
-        e[i * kTile + j] = i < rows - kTile * r && j < cols - kTile * col ? at(r, col)[i * ldc + j] : 0.0f;
-    return e;
-  };
-  // The accumulators, from C or zero. (A tile number must be a constant.)
-#define MHA_AMX_START(t, r, col)                                                            \
-  if (!accumulate) _tile_zero(t);                                                           \
-  else if (full(r, col)) _tile_loadd(t, at(r, col), ldc * int64_t(sizeof(float)));          \
-  else _tile_loadd(t, edge_in(r, col), kTile * int64_t(sizeof(float)));
-  MHA_AMX_START(0, 0, 0)
-  if constexpr (CT == 2) { MHA_AMX_START(1, 0, 1) }
-  if constexpr (RT == 2) { MHA_AMX_START(2, 1, 0) }
-  if constexpr (RT == 2 && CT == 2) { MHA_AMX_START(3, 1, 1) }
-#undef MHA_AMX_START
-  for (int64_t s = 0; s < steps; ++s) {
-    const uint32_t* bs = b + s * kTile * kPanel;
-    _tile_loadd(4, a + s * kTileWords, 64);
-    _tile_loadd(6, bs, kPanel * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (CT == 2) {
-      _tile_loadd(7, bs + kTile, kPanel * 4);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-    if constexpr (RT == 2) {
-      _tile_loadd(5, a + a_next + s * kTileWords, 64);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (CT == 2) _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-#define MHA_AMX_FINISH(t, r, col)                                              \
-  if (full(r, col)) {                                                          \
-    _tile_stored(t, at(r, col), ldc * int64_t(sizeof(float)));                 \
-  } else {                                                                     \
-    float* e = edge[t];                                                        \
-    _tile_stored(t, e, kTile * int64_t(sizeof(float)));                        \
-    for (int64_t i = 0; i < min64(kTile, rows - kTile * r); ++i)               \
-      for (int64_t j = 0; j < min64(kTile, cols - kTile * col); ++j)           \
-        at(r, col)[i * ldc + j] = e[i * kTile + j];                            \
-  }
-  MHA_AMX_FINISH(0, 0, 0)
-  if constexpr (CT == 2) { MHA_AMX_FINISH(1, 0, 1) }
-  if constexpr (RT == 2) { MHA_AMX_FINISH(2, 1, 0) }
-  if constexpr (RT == 2 && CT == 2) { MHA_AMX_FINISH(3, 1, 1) }
-#undef MHA_AMX_FINISH
-}
-
 // C = op(A)·op(B) (accumulate false) or C += op(A)·op(B).
 void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda, const bfloat16* b,
              int64_t ldb, bool accumulate, float* c, int64_t ldc) {
@@ -233,7 +134,7 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
       per_thread_scratch(ScratchSlot::bgemm_rows, kItemRows * kChunk * int64_t(sizeof(uint32_t)));
 #pragma omp parallel if (threaded && row_items * col_items > 1)
   {
-    configure_tiles();
+    amx_configure();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < row_items * col_items; ++item) {
       const int64_t r0 = item / col_items * item_rows, c0 = item % col_items * item_cols;
@@ -243,23 +144,15 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
       for (int64_t q0 = 0; q0 < K2p; q0 += kChunk) {
         const int64_t steps = min64(kChunk, K2p - q0) / kTile;
         pack_a(ta, &a->bits, lda, m, k, r0, row_tiles, q0, steps, rows_packed);
-        const bool acc = q0 > 0 || accumulate;
+        // A's row tiles one after another, each its steps' tiles; B's panel
+        // of two column tiles, its pair rows 128 bytes apart.
+        const AmxOperand tiles{rows_packed, 64, steps * kTileWords * 4, kTileWords * 4};
         for (int64_t j = 0; j < cols; j += kPanel) {
-          const uint32_t* panel = packed + ((c0 + j) / kPanel * K2p + q0) * kPanel;
+          const AmxOperand panel{packed + ((c0 + j) / kPanel * K2p + q0) * kPanel, kPanel * 4, kTile * 4,
+                                 kTile * kPanel * 4};
           const int64_t width = min64(kPanel, cols - j);
-          for (int64_t rt = 0; rt < row_tiles; rt += 2) {
-            const uint32_t* tiles = rows_packed + rt * steps * kTileWords;
-            float* out = c + (r0 + rt * kTile) * ldc + c0 + j;
-            const int64_t here = min64(kPanel, rows - rt * kTile);
-            const int64_t next = steps * kTileWords;
-            if (here > kTile) {
-              if (width > kTile) block<2, 2>(tiles, next, panel, steps, acc, out, ldc, here, width);
-              else block<2, 1>(tiles, next, panel, steps, acc, out, ldc, here, width);
-            } else {
-              if (width > kTile) block<1, 2>(tiles, next, panel, steps, acc, out, ldc, here, width);
-              else block<1, 1>(tiles, next, panel, steps, acc, out, ldc, here, width);
-            }
-          }
+          amx_product(tiles, row_tiles, panel, (width + kTile - 1) / kTile, steps, q0 > 0 || accumulate,
+                      c + r0 * ldc + c0 + j, ldc, rows, width);
         }
       }
     }
@@ -273,8 +166,8 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
 bool amx_granted() {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
-  if ((edx & (kAmxBf16 | kAmxTile)) != (kAmxBf16 | kAmxTile)) return false;
+  constexpr unsigned kHasAmxBf16 = 1u << 22, kHasAmxTile = 1u << 24;
+  if ((edx & (kHasAmxBf16 | kHasAmxTile)) != (kHasAmxBf16 | kHasAmxTile)) return false;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
   unsigned lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));

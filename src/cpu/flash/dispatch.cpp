@@ -148,54 +148,114 @@ Bf16Rows with_offsets(Tensor t, const AttentionParams& p) {
   return r;
 }
 
-// t (…, n, E) as rows of pairs: unit element stride, an even length and
-// an even row stride and offset (zero padded where t has none of them), so
-// that a row is read as 32-bit words.
-Bf16Rows bf16_rows(const Tensor& t, const AttentionParams& p) {
-  const int64_t E = t.size(-1);
-  if (t.stride(-1) == 1 && E % 2 == 0 && t.stride(-2) % 2 == 0 && t.offset() % 2 == 0) return with_offsets(t, p);
+// t (…, n, E) as rows of pairs: unit element stride, `width` elements (at
+// least E, even) and `rows` rows (at least n), an even row stride and offset
+// (zero padded where t has none of these), so that a row is read as 32-bit
+// words.
+Bf16Rows bf16_rows(const Tensor& t, const AttentionParams& p, int64_t width, int64_t rows) {
+  const int64_t n = t.size(-2), E = t.size(-1);
+  if (t.stride(-1) == 1 && E == width && n == rows && t.stride(-2) % 2 == 0 && t.offset() % 2 == 0)
+    return with_offsets(t, p);
+  const Tensor c = t.contiguous();
   Shape padded = t.shape();
-  padded.back() = round_up(E, 2);
-  Tensor rows = Tensor::zeros(padded, DType::bfloat16);
-  rows.slice(-1, 0, E).copy_(t);
-  return with_offsets(std::move(rows), p);
+  padded[padded.size() - 2] = rows;
+  padded.back() = width;
+  Tensor out = Tensor::empty(padded, DType::bfloat16);
+  const bfloat16* src = c.data<bfloat16>();
+  bfloat16* dst = out.data<bfloat16>();
+  const int64_t heads = shape_numel(leading(c.shape()));
+#pragma omp parallel for schedule(static) if (heads * rows * width >= (int64_t(1) << 15))
+  for (int64_t hj = 0; hj < heads * rows; ++hj) {
+    const int64_t h = hj / rows, j = hj % rows, here = j < n ? E : 0;
+    if (here) std::memcpy(dst + hj * width, src + (h * n + j) * E, size_t(E) * sizeof(bfloat16));
+    std::memset(static_cast<void*>(dst + hj * width + here), 0, size_t(width - here) * sizeof(bfloat16));
+  }
+  return with_offsets(std::move(out), p);
 }
 
-// t (…, n, E) regrouped in row pairs, (…, ceil(n/2), width, 2): element
-// (j, e) at ((j/2)·width + e)·2 + j%2, zeros past n and E (width ≥ E).
-Bf16Rows bf16_pairs(const Tensor& t, const AttentionParams& p, int64_t width) {
+// t (…, n, E) transposed, (…, rows, cols) with zeros past E and n.
+Bf16Rows bf16_transposed(const Tensor& t, const AttentionParams& p, int64_t rows, int64_t cols) {
+  const Tensor c = t.contiguous();
+  const int64_t n = c.size(-2), E = c.size(-1);
+  Shape padded = t.shape();
+  padded[padded.size() - 2] = rows;
+  padded.back() = cols;
+  Tensor out = Tensor::empty(padded, DType::bfloat16);
+  const uint16_t* src = &c.data<bfloat16>()->bits;
+  uint16_t* dst = &out.data<bfloat16>()->bits;
+  const int64_t heads = shape_numel(leading(c.shape()));
+#pragma omp parallel for schedule(static) if (heads * rows * cols >= (int64_t(1) << 15))
+  for (int64_t he = 0; he < heads * rows; ++he) {
+    const int64_t h = he / rows, e = he % rows;
+    uint16_t* row = dst + he * cols;
+    const int64_t here = e < E ? n : 0;
+    for (int64_t j = 0; j < here; ++j) row[j] = src[(h * n + j) * E + e];
+    std::memset(row + here, 0, size_t(cols - here) * sizeof(uint16_t));
+  }
+  return with_offsets(std::move(out), p);
+}
+
+// t (…, n, E) regrouped in row pairs, (…, pairs, width, 2): element (j, e)
+// at ((j/2)·width + e)·2 + j%2, zeros past n and E (width ≥ E, pairs ≥ n/2).
+Bf16Rows bf16_pairs(const Tensor& t, const AttentionParams& p, int64_t width, int64_t pair_rows) {
   const Tensor c = t.contiguous();
   const int64_t n = c.size(-2), E = c.size(-1), n2 = (n + 1) / 2;
   Shape pairs = leading(c.shape());
-  pairs.push_back(2 * n2);
+  pairs.push_back(2 * pair_rows);
   pairs.push_back(width);
   Tensor out = Tensor::empty(pairs, DType::bfloat16);
   const uint16_t* src = &c.data<bfloat16>()->bits;
   uint16_t* dst = &out.data<bfloat16>()->bits;
   const int64_t heads = shape_numel(leading(c.shape()));
   // Pair row q of head h: rows 2q and 2q + 1 interleaved (the second 0 past n).
-#pragma omp parallel for schedule(static) if (heads * n2 * width >= (int64_t(1) << 15))
-  for (int64_t hq = 0; hq < heads * n2; ++hq) {
-    const int64_t h = hq / n2, q = hq % n2;
+#pragma omp parallel for schedule(static) if (heads * pair_rows * width >= (int64_t(1) << 15))
+  for (int64_t hq = 0; hq < heads * pair_rows; ++hq) {
+    const int64_t h = hq / pair_rows, q = hq % pair_rows;
+    uint16_t* row = dst + hq * 2 * width;
+    if (q >= n2) {
+      std::memset(row, 0, size_t(2 * width) * sizeof(uint16_t));
+      continue;
+    }
     const uint16_t* even = src + (h * n + 2 * q) * E;
-    uint16_t* row = dst + (h * n2 + q) * 2 * width;
     interleave_pairs_avx512(even, 2 * q + 1 < n ? even + E : nullptr, E, reinterpret_cast<uint32_t*>(row));
     std::memset(row + 2 * E, 0, size_t(2 * (width - E)) * sizeof(uint16_t));
   }
   return with_offsets(std::move(out), p);
 }
 
-bool use_bf16_kernel(const AttentionParams& p) {
-  return p.dtype == DType::bfloat16 && active_isa() == Isa::avx512 && bf16_products() == Bf16Products::dot;
+// The kernels for bfloat16 attention: products on float32 rows of the
+// widened values (none), on vdpbf16ps (dot) or on AMX tiles (amx), as
+// bf16_products() says for the layers' products.
+enum class Bf16Kernel { none, dot, amx };
+
+Bf16Kernel bf16_kernel_for(const AttentionParams& p) {
+  if (p.dtype != DType::bfloat16 || active_isa() != Isa::avx512) return Bf16Kernel::none;
+  switch (bf16_products()) {
+    case Bf16Products::dot: return Bf16Kernel::dot;
+    case Bf16Products::amx: return Bf16Kernel::amx;
+    case Bf16Products::widen: break;
+  }
+  return Bf16Kernel::none;
 }
 
-// qt2 (ceil(E/2), br, 2) = query pairs (e, e+1) of rows [i0, i0+rows) as bf16; pads 0.
-void pack_query_pairs(const bfloat16* q, int64_t row, int64_t col, int64_t i0, int64_t rows, int64_t E, int64_t br,
-                      uint16_t* qt2) {
-  const int64_t E2 = (E + 1) / 2;
-  std::memset(qt2, 0, size_t(E2 * br * 2) * sizeof(uint16_t));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t e = 0; e < E; ++e) qt2[((e / 2) * br + i) * 2 + e % 2] = q[(i0 + i) * row + e * col].bits;
+// Pair rows along e of a query tile for a bfloat16 kernel: the AMX kernel
+// reads whole steps of 32 elements.
+int64_t e_pairs(Bf16Kernel kernel, int64_t E) { return kernel == Bf16Kernel::amx ? round_up(E, 32) / 2 : (E + 1) / 2; }
+
+// qt2 (pairs, br, 2) = query pairs (e, e+1) of rows [i0, i0+rows) as bf16; pads 0.
+void pack_query_pairs(const bfloat16* q, int64_t row, int64_t col, int64_t i0, int64_t rows, int64_t E, int64_t pairs,
+                      int64_t br, uint16_t* qt2) {
+  std::memset(qt2, 0, size_t(pairs * br * 2) * sizeof(uint16_t));
+  uint32_t* words = reinterpret_cast<uint32_t*>(qt2);
+  for (int64_t i = 0; i < rows; ++i) {
+    const bfloat16* r = q + (i0 + i) * row;
+    if (col != 1) {
+      for (int64_t e = 0; e < E; ++e) qt2[((e / 2) * br + i) * 2 + e % 2] = r[e * col].bits;
+      continue;
+    }
+    for (int64_t e2 = 0; e2 < E / 2; ++e2) std::memcpy(&words[e2 * br + i], r + 2 * e2, 4);  // a pair as one word
+    if (E % 2) qt2[((E / 2) * br + i) * 2] = r[E - 1].bits;
+  }
 }
 
 // Whether an input reads one distinct block per output batch entry, in order
@@ -262,12 +322,16 @@ void force_isa(std::optional<Isa> isa) {
 bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
   const int64_t br = query_tile(p.L, k.width), tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
-  const bool bf16_kernel = use_bf16_kernel(p);
+  const Bf16Kernel kernel16 = bf16_kernel_for(p);
+  const bool bf16_kernel = kernel16 != Bf16Kernel::none, amx = kernel16 == Bf16Kernel::amx;
   const FloatRows keys = bf16_kernel ? FloatRows{} : float_rows(p.k, p, E);
   const FloatRows values = bf16_kernel ? FloatRows{} : float_rows(p.v, p, Ev);
-  const Bf16Rows keys16 = bf16_kernel ? bf16_rows(p.k, p) : Bf16Rows{};
-  const Bf16Rows value_pairs = bf16_kernel ? bf16_pairs(p.v, p, Ev) : Bf16Rows{};
-  void (*forward_tile)(const FlashForwardTile&) = bf16_kernel ? &flash_forward_tile_bf16_avx512 : k.forward_tile;
+  const int64_t E2 = e_pairs(kernel16, E), S_pad = round_up(S, kFlashKeyTile);
+  Bf16Rows keys16, value_pairs, values_t;
+  if (kernel16 == Bf16Kernel::dot) keys16 = bf16_rows(p.k, p, round_up(E, 2), S), value_pairs = bf16_pairs(p.v, p, Ev, (S + 1) / 2);
+  if (amx) keys16 = bf16_rows(p.k, p, 2 * E2, S_pad), values_t = bf16_transposed(p.v, p, flash_value_rows(Ev), S_pad);
+  void (*forward_tile)(const FlashForwardTile&) =
+      amx ? &flash_forward_tile_amx : bf16_kernel ? &flash_forward_tile_bf16_avx512 : k.forward_tile;
   const Loader q{p.q.raw_data(), p.dtype};
   const bool float_out = p.dtype == DType::float32;
   const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
@@ -280,7 +344,7 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   // there throws on the calling thread): the packed query tile, the tile's
   // work space, and (bfloat16 outputs) the float32 output and weights.
   const int64_t f = sizeof(float);
-  const PerThread query_tiles = per_thread_scratch(ScratchSlot::flash_a, (bf16_kernel ? (E + 1) / 2 * br : E * br) * f);
+  const PerThread query_tiles = per_thread_scratch(ScratchSlot::flash_a, (bf16_kernel ? E2 * br : E * br) * f);
   const PerThread works = per_thread_scratch(ScratchSlot::flash_b, (flash_forward_scratch(E, Ev, br) + flash_bf16_scratch(br)) * f);
   const PerThread outs = per_thread_scratch(ScratchSlot::flash_c, float_out ? 0 : br * Ev * f);
   const PerThread weight_tiles = per_thread_scratch(ScratchSlot::flash_d, float_out || !p.return_weights ? 0 : br * S * f);
@@ -293,10 +357,11 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     FlashForwardTile t{};
     if (bf16_kernel) {
       uint16_t* qt2 = static_cast<uint16_t*>(own_slice(query_tiles));
-      pack_query_pairs(p.q.data<bfloat16>() + p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, qt2);
+      pack_query_pairs(p.q.data<bfloat16>() + p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, E2, br, qt2);
       t.qt2 = qt2;
       t.k16 = keys16.at(b), t.k16_row = keys16.row;
-      t.v2 = value_pairs.at(b);
+      if (amx) t.vt16 = values_t.at(b), t.vt16_row = values_t.row;
+      else t.v2 = value_pairs.at(b);
     } else {
       float* qt = static_cast<float*>(own_slice(query_tiles));
       pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, 1.0f, qt);
@@ -339,6 +404,16 @@ namespace {
 // 2): element (i, e) at ((i/2)·width + e)·2 + i%2, zeros past L and E.
 void pack_row_pairs(const bfloat16* x, int64_t row, int64_t col, int64_t L, int64_t E, int64_t L_pad, int64_t width,
                     uint16_t* out) {
+  if (col == 1) {  // rows of E elements: interleaved a pair of rows at a time
+    for (int64_t i = 0; i < L_pad; i += 2) {
+      uint16_t* pair = out + i * width;
+      if (i < L) interleave_pairs_avx512(&x[i * row].bits, i + 1 < L ? &x[(i + 1) * row].bits : nullptr, E,
+                                         reinterpret_cast<uint32_t*>(pair));
+      const int64_t here = i < L ? E : 0;
+      std::memset(pair + 2 * here, 0, size_t(2 * (width - here)) * sizeof(uint16_t));
+    }
+    return;
+  }
   for (int64_t i = 0; i < L_pad; ++i) {
     uint16_t* dst = out + (i / 2) * 2 * width + i % 2;
     for (int64_t e = 0; e < width; ++e) dst[2 * e] = i < L && e < E ? x[i * row + e * col].bits : uint16_t(0);
@@ -358,10 +433,24 @@ struct BackwardPlan {
   int64_t dq_pitch;
   uint32_t threshold;
   float drop_scale;
-  // The AVX512-BF16 kernel (bf16 true) reads these instead of the float rows.
+  // A bfloat16 kernel (kernel16 not none) reads these instead of the float rows.
+  Bf16Kernel kernel16 = Bf16Kernel::none;
   bool bf16 = false;
+  int64_t E2 = 0, Ev2 = 0, pair_rows = 0;  // pair rows of qt2's and dot2's tiles, of q2 and dout2
   Bf16Rows k16, v16, k2;
   Tensor dout16;  // dO, contiguous
+
+  void use_bf16_kernel(Bf16Kernel kernel, const Tensor& dout) {
+    kernel16 = kernel, bf16 = true;
+    const bool amx = kernel == Bf16Kernel::amx;
+    E2 = e_pairs(kernel, E), Ev2 = e_pairs(kernel, Ev);
+    pair_rows = L_pad / 2 + (amx ? 16 : 0);  // AMX reads whole steps of 32 queries from any tile
+    const int64_t rows = amx ? round_up(S, kFlashKeyTile) : S;
+    k16 = bf16_rows(p.k, p, amx ? 2 * E2 : round_up(E, 2), rows);
+    v16 = bf16_rows(p.v, p, amx ? 2 * Ev2 : round_up(Ev, 2), rows);
+    k2 = bf16_pairs(p.k, p, E_pad, (rows + 1) / 2);
+    dout16 = dout.contiguous();
+  }
 
   // Per-entry packed operands: lse·log2e and D, and Q and dO in transposed
   // tiles (float32), or, for the bfloat16 kernel, in tiles of pairs along e
@@ -372,7 +461,7 @@ struct BackwardPlan {
   };
   int64_t packed_floats() const {
     if (!bf16) return L_pad * (E + Ev + 2);
-    return L_pad * (2 + (E + 1) / 2 + (Ev + 1) / 2) + L_pad / 2 * (E_pad + Ev_pad);
+    return L_pad * (2 + E2 + Ev2) + pair_rows * (E_pad + Ev_pad);
   }
   Packed carve(float* base) const {
     Packed d{base, base + L_pad, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
@@ -382,9 +471,9 @@ struct BackwardPlan {
       return d;
     }
     d.qt2 = reinterpret_cast<uint16_t*>(rest);
-    d.dot2 = d.qt2 + L_pad * 2 * ((E + 1) / 2);
-    d.q2 = d.dot2 + L_pad * 2 * ((Ev + 1) / 2);
-    d.dout2 = d.q2 + L_pad * E_pad;
+    d.dot2 = d.qt2 + L_pad * 2 * E2;
+    d.q2 = d.dot2 + L_pad * 2 * Ev2;
+    d.dout2 = d.q2 + pair_rows * 2 * E_pad;
     return d;
   }
 
@@ -394,14 +483,13 @@ struct BackwardPlan {
     if (bf16) {
       const bfloat16* q = p.q.data<bfloat16>() + p.q_offset[size_t(b)];
       const bfloat16* dout = dout16.data<bfloat16>() + b * L * Ev;
-      const int64_t E2 = (E + 1) / 2, Ev2 = (Ev + 1) / 2;
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t i0 = tile * br, rows = std::min(br, L - i0);
-        pack_query_pairs(q, p.q_row, p.q_col, i0, rows, E, br, d.qt2 + tile * E2 * br * 2);
-        pack_query_pairs(dout, Ev, 1, i0, rows, Ev, br, d.dot2 + tile * Ev2 * br * 2);
+        pack_query_pairs(q, p.q_row, p.q_col, i0, rows, E, E2, br, d.qt2 + tile * E2 * br * 2);
+        pack_query_pairs(dout, Ev, 1, i0, rows, Ev, Ev2, br, d.dot2 + tile * Ev2 * br * 2);
       }
-      pack_row_pairs(q, p.q_row, p.q_col, L, E, L_pad, E_pad, d.q2);
-      pack_row_pairs(dout, Ev, 1, L, Ev, L_pad, Ev_pad, d.dout2);
+      pack_row_pairs(q, p.q_row, p.q_col, L, E, 2 * pair_rows, E_pad, d.q2);
+      pack_row_pairs(dout, Ev, 1, L, Ev, 2 * pair_rows, Ev_pad, d.dout2);
     } else {
       const float* q_rows = queries.at(b);
       const float* d_rows = douts.at(b);
@@ -580,9 +668,10 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   };
   Tensor dq_full = buffer(direct_q, p.batch * L * E_pad), dk_full = buffer(direct_k, p.batch * S * E),
                dv_full = buffer(direct_v, p.batch * S * Ev);
-  // The AVX512-BF16 kernel where bfloat16 dot products pay (not for a loss
-  // on the returned weights: their share runs on float32 rows).
-  const bool bf16 = use_bf16_kernel(p) && !p.dweights.defined();
+  // A bfloat16 kernel where its products pay (not for a loss on the
+  // returned weights: their share runs on float32 rows).
+  const Bf16Kernel kernel16 = p.dweights.defined() ? Bf16Kernel::none : bf16_kernel_for(p);
+  const bool bf16 = kernel16 != Bf16Kernel::none;
   const auto rows = [&](const Tensor& t, int64_t width) { return bf16 ? FloatRows{} : float_rows(t, p, width); };
   BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
                     rows(p.k, E_pad), rows(p.v, Ev), rows(p.q, E_pad), rows(dout_t, Ev_pad),
@@ -590,15 +679,16 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
                     (direct_q ? g.dquery : dq_full).data<float>(), (direct_k ? g.dkey : dk_full).data<float>(),
                     (direct_v ? g.dvalue : dv_full).data<float>(), direct_q ? E : E_pad,
                     dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
-  if (bf16) {
-    plan.bf16 = true;
-    plan.k16 = bf16_rows(p.k, p), plan.v16 = bf16_rows(p.v, p), plan.k2 = bf16_pairs(p.k, p, E_pad);
-    plan.dout16 = dout_t.contiguous();
-  }
-  void (*backward_head)(const FlashBackwardHead&) = bf16 ? &flash_backward_head_bf16_avx512 : k.backward_head;
+  if (bf16) plan.use_bf16_kernel(kernel16, dout_t);
+  void (*backward_head)(const FlashBackwardHead&) = kernel16 == Bf16Kernel::amx ? &flash_backward_head_amx
+                                                    : bf16                         ? &flash_backward_head_bf16_avx512
+                                                                                   : k.backward_head;
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
   const int64_t packed = plan.packed_floats();
-  const int64_t scratch = flash_backward_scratch(E_pad, Ev_pad, br) + (bf16 ? flash_bf16_backward_scratch(br) : 0);
+  const int64_t scratch = flash_backward_scratch(E_pad, Ev_pad, br) +
+                          (kernel16 == Bf16Kernel::amx ? flash_amx_backward_scratch(br)
+                           : bf16                      ? flash_bf16_backward_scratch(br)
+                                                       : 0);
 
   const PerThread packs = per_thread_scratch(ScratchSlot::flash_a, (p.batch >= omp_get_max_threads() ? packed : 0) * int64_t(sizeof(float)));
   const PerThread works = per_thread_scratch(ScratchSlot::flash_b, scratch * int64_t(sizeof(float)));

@@ -52,6 +52,10 @@ struct FlashForwardTile {
   const uint16_t* k16;        // bf16 key rows, k16_row apart (even), 2·ceil(E/2) readable (zero pad)
   int64_t k16_row;
   const uint16_t* v2;         // this entry's values as (ceil(S/2), Ev, 2): pairs (j, j+1); zero pad
+  // The AMX kernel instead: qt2 with E to a multiple of 32; k16 and vt16 with
+  // S to a multiple of kFlashKeyTile, E to a multiple of 32 (zero pad).
+  const uint16_t* vt16;       // values transposed: Ev (to a multiple of 16) rows, vt16_row apart, of keys
+  int64_t vt16_row;
 };
 
 // One batch entry, or the part of it given by the key and query ranges below.
@@ -102,6 +106,10 @@ struct FlashBackwardHead {
   const uint16_t* v16;    // value rows, v16_row apart (even), 2·ceil(Ev/2) readable
   int64_t v16_row;
   const uint16_t* k2;     // (ceil(S/2), E_pad, 2): key pairs (j, j+1) per element e
+  // The AMX kernel reads the same with more padding: qt2 and dot2 with E and
+  // Ev to a multiple of 32, q2 and dout2 with 16 more query pairs than
+  // L_pad/2, k16, v16 and k2 with S to a multiple of kFlashKeyTile, k16 and
+  // v16 with E and Ev to a multiple of 32.
 };
 
 // Largest query tile width a dispatcher may choose.
@@ -110,15 +118,18 @@ inline constexpr int64_t kFlashQueryTileMax = 64;
 // Key tile height of every kernel.
 inline constexpr int64_t kFlashKeyTile = 64;
 
+// Rows of the forward's O_T: Ev, to a multiple of 16 (AMX writes whole tiles).
+inline int64_t flash_value_rows(int64_t Ev) { return (Ev + 15) / 16 * 16; }
 inline int64_t flash_forward_scratch(int64_t E, int64_t Ev, int64_t br) {
   (void)E;
-  return 2 * kFlashKeyTile * br + Ev * br + 2 * br + 64;
+  return 2 * kFlashKeyTile * br + flash_value_rows(Ev) * br + 2 * br + 64;
 }
 inline int64_t flash_bf16_scratch(int64_t br) { return kFlashKeyTile * br / 2 + 64; }
 inline int64_t flash_backward_scratch(int64_t E_pad, int64_t Ev_pad, int64_t br) {
   return 4 * kFlashKeyTile * br + kFlashKeyTile * (E_pad + Ev_pad) + 64;
 }
 inline int64_t flash_bf16_backward_scratch(int64_t br) { return 3 * kFlashKeyTile * br / 2 + 64; }
+inline int64_t flash_amx_backward_scratch(int64_t br) { return kFlashKeyTile * ((br + 31) / 32 * 32 + br) + 64; }
 
 // The kernels of each instruction set (kernel_*.cpp). Call one only when the
 // CPU supports its instruction set (flash.cpp chooses).
@@ -133,5 +144,10 @@ MHA_DECLARE_FLASH_KERNELS(avx512)
 // flash_bf16_backward_scratch floats.
 void flash_forward_tile_bf16_avx512(const FlashForwardTile& t);
 void flash_backward_head_bf16_avx512(const FlashBackwardHead& h);
+// Need AMX (amx_bf16_usable(), cpu/gemm.h); the backward's scratch is
+// flash_backward_scratch + flash_amx_backward_scratch floats, the forward's
+// flash_forward_scratch + flash_bf16_scratch.
+void flash_forward_tile_amx(const FlashForwardTile& t);
+void flash_backward_head_amx(const FlashBackwardHead& h);
 
 }  // namespace mha::cpu

@@ -178,8 +178,8 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
   const int64_t br = t.br, nv = br / W;
   float* st = t.scratch;                          // (Bc, br)
   float* factors = st + kFlashKeyTile * br;       // (Bc, br)
-  float* ot = factors + kFlashKeyTile * br;       // (Ev, br)
-  float* m = ot + t.Ev * br;                      // (br): running max, base-2 logits
+  float* ot = factors + kFlashKeyTile * br;       // (Ev, br), rows to a multiple of 16 (AMX tiles)
+  float* m = ot + flash_value_rows(t.Ev) * br;    // (br): running max, base-2 logits
   float* l = m + br;                              // (br): running sum
   int64_t lo, hi;
   key_range(t.i0, t.rows, t.S, t.band, lo, hi);
@@ -193,7 +193,7 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
       for (int64_t j = 0; j < t.S; ++j) t.weights[i * t.weights_row + j] = 0.0f;
   } else {
     for (int64_t i = 0; i < br; ++i) m[i] = -3.402823466e38f, l[i] = 0.0f;
-    for (int64_t x = 0; x < t.Ev * br; ++x) ot[x] = 0.0f;
+    for (int64_t x = 0; x < flash_value_rows(t.Ev) * br; ++x) ot[x] = 0.0f;
   }
 
   // Products that pair keys start at an even key; the extra key is outside the band.
