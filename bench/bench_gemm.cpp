@@ -9,20 +9,48 @@
 // thread each; cpu/gemm.cpp). A fourth times the bfloat16 product of
 // bf16-mixed training (cpu::gemm on bfloat16 operands, float32 C: AMX tiles,
 // vdpbf16ps or widened to float32 as cpu::bf16_products() chose, or
-// MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs.
+// MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs. A fifth times
+// BLIS 0.9 (Debian's libblis4-openmp, on OpenMP's threads) where it is
+// installed: loaded with dlopen and RTLD_LOCAL, so that its CBLAS and BLAS
+// symbols cannot take the place of OpenBLAS's in this process; on AVX-512
+// CPUs with BLIS_ARCH_TYPE=skx unless set (BLIS 0.9 cannot count the FMA
+// units of newer Xeons and falls back to its 256-bit haswell kernels).
 //   build/bench/bench_gemm [--reps 7]
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
 #include "cpu/sgemm/sgemm.h"
 #include "measure.h"
+
+namespace {
+
+// BLIS's typed product (blis.h: dim_t and inc_t are 64-bit on x86_64 builds;
+// trans_t's transpose bit is 1 << 3).
+using BliSgemm = void (*)(int transa, int transb, int64_t m, int64_t n, int64_t k, const float* alpha, const float* a,
+                          int64_t rsa, int64_t csa, const float* b, int64_t rsb, int64_t csb, const float* beta,
+                          float* c, int64_t rsc, int64_t csc);
+constexpr int kBlisTranspose = 1 << 3;
+
+BliSgemm load_blis() {
+  if (__builtin_cpu_supports("avx512f")) setenv("BLIS_ARCH_TYPE", "skx", 0);
+  void* lib = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return nullptr;
+  if (auto set_threads = reinterpret_cast<void (*)(int64_t)>(dlsym(lib, "bli_thread_set_num_threads")))
+    set_threads(omp_get_max_threads());
+  return reinterpret_cast<BliSgemm>(dlsym(lib, "bli_sgemm"));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace mha;
@@ -34,13 +62,19 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t rows, d, ff;
   };
-  const Config configs[] = {{"small", 32 * 43, 64, 256}, {"mid", 16 * 131, 256, 1024}, {"wide", 8 * 509, 512, 2048}};
+  const Config configs[] = {{"small", 32 * 43, 64, 256},
+                            {"mid", 16 * 131, 256, 1024},
+                            {"wide", 8 * 509, 512, 2048},
+                            {"long", 2 * 2039, 256, 1024}};
+  const BliSgemm blis_sgemm = load_blis();
   const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
   std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s\n", bench::cpu_name().c_str(), omp_get_max_threads(),
               openblas_get_corename(), avx512 ? "avx512" : "avx2");
-  std::printf("# bfloat16 products: %s\n", cpu::to_string(cpu::bf16_products()).c_str());
-  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB",
-              "mha GF/s", "BLAS GF/s", "split GF/s", "bf16 GF/s");
+  std::printf("# bfloat16 products: %s; BLIS: %s\n", cpu::to_string(cpu::bf16_products()).c_str(),
+              blis_sgemm ? (std::string("libblis.so.4, BLIS_ARCH_TYPE=") + (getenv("BLIS_ARCH_TYPE") ? getenv("BLIS_ARCH_TYPE") : "(detected)")).c_str()
+                         : "not installed (libblis4-openmp)");
+  std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB",
+              "mha GF/s", "BLAS GF/s", "split GF/s", "bf16 GF/s", "BLIS GF/s");
   for (const Config& c : configs) {
     struct Product {
       const char* name;
@@ -73,18 +107,26 @@ int main(int argc, char** argv) {
       auto half = [&] {
         cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a16.data(), lda, b16.data(), ldb, 1.0f, out.data(), p.n);
       };
-      ours(), blas(), split(), half();
-      std::vector<double> t_ours, t_blas, t_split, t_half;
+      auto blis = [&] {  // row-major: row stride ld, column stride 1 (transposed: swapped)
+        if (!blis_sgemm) return;
+        const float one = 1.0f;
+        blis_sgemm(p.ta ? kBlisTranspose : 0, p.tb ? kBlisTranspose : 0, p.m, p.n, p.k, &one, a.data(), lda, 1,
+                   b.data(), ldb, 1, &one, out.data(), p.n, 1);
+      };
+      ours(), blas(), split(), half(), blis();
+      std::vector<double> t_ours, t_blas, t_split, t_half, t_blis;
       for (int r = 0; r < reps; ++r)
         t_ours.push_back(bench::seconds_of(ours)), t_blas.push_back(bench::seconds_of(blas)),
-            t_split.push_back(bench::seconds_of(split)), t_half.push_back(bench::seconds_of(half));
+            t_split.push_back(bench::seconds_of(split)), t_half.push_back(bench::seconds_of(half)),
+            t_blis.push_back(bench::seconds_of(blis));
       const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
       auto rate = [&](std::vector<double>& t) {
         std::sort(t.begin(), t.end());
         return flops / t[t.size() / 2] / 1e9;
       };
-      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f %10.1f %10.1f\n", c.name, p.name, (long long)p.m,
-                  (long long)p.n, (long long)p.k, p.ta, p.tb, rate(t_ours), rate(t_blas), rate(t_split), rate(t_half));
+      std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f %10.1f %10.1f %10.1f\n", c.name, p.name,
+                  (long long)p.m, (long long)p.n, (long long)p.k, p.ta, p.tb, rate(t_ours), rate(t_blas), rate(t_split),
+                  rate(t_half), blis_sgemm ? rate(t_blis) : 0.0);
     }
   }
   return 0;
