@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <thread>
 #include <tuple>
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
+#include "cpu/scratch.h"
 #include "testing.h"
 
 using namespace mha;
@@ -235,7 +237,10 @@ TEST_P(EachIsa, ProbabilitiesBelowTheNormalRangeAreZero) {
 // came out 2^8 at 1e8, 0.73 at 3.6e7 before P was held to its range and the
 // logit rounded as the forward rounds it).
 TEST_P(EachIsa, HugeLogitsKeepProbabilitiesInRange) {
-  const int64_t L = 4, S = 3, Ev = 7;
+  // L = 4: by query tiles on avx2 and scalar, by rows on avx512 (few queries); L = 1: by rows on every ISA.
+  for (const int64_t L : {4, 1}) {
+  SCOPED_TRACE("L " + std::to_string(L));
+  const int64_t S = 3, Ev = 7;
   const Tensor v = random_tensor({1, S, Ev}, 3, DType::float32), dout = random_tensor({1, L, Ev}, 4, DType::float32);
   const std::vector<double> d = dout.to_vector();
   int64_t rows = 0, exact = 0;
@@ -276,6 +281,45 @@ TEST_P(EachIsa, HugeLogitsKeepProbabilitiesInRange) {
       }
   // Most one-hot rows come out exactly 1 (the rounded logit): 2829 of 6096 did not, fused.
   EXPECT_GE(exact, rows * 9 / 10) << exact << " of " << rows << " rows gave P = 1 exactly";
+  }
+}
+
+// Few queries (decoding: one a step) go by rows instead of query tiles where
+// a tile would leave three quarters of its lanes idle (4·L ≤ the vector
+// width: L ≤ 4 on avx512, ≤ 2 on avx2 and scalar; dispatch.cpp), forward and
+// backward; with dropout they go by tiles. Against the reference path.
+TEST_P(EachIsa, FewQueriesByRows) {
+  Generator g(12);
+  for (const int64_t L : {1, 2, 3, 4}) {
+    const Shape q{2, 3, L, 17}, k{2, 3, 45, 17}, v{2, 3, 45, 9};
+    Tensor masked_row = Tensor::full({L, 45}, 1.0, DType::boolean);
+    masked_row.select(0, 0).fill_(0.0);  // row 0 sees no key
+    std::vector<FlashCase> cases{
+        {"plain", q, k, v, {}},
+        {"causal bottom-right", q, k, v, {.causal = Causal::bottom_right}},
+        {"causal top-left", q, k, v, {.causal = Causal::top_left}},
+        {"window (6, 2) bottom-right", q, k, v, {.causal = Causal::bottom_right, .window_left = 6}},
+        {"window (0, 3)", q, k, v, {.window_left = 0, .window_right = 3}},
+        {"float mask with -inf", q, k, v, {.mask = rand_bool({L, 45}, g, 0.8).to(DType::float32)}},
+        {"bool key padding", q, k, v, {.mask = rand_bool({2, 1, 1, 45}, g, 0.7)}},
+        {"float mask (B,H,L,S)", q, k, v, {.mask = randn({2, 3, L, 45}, g)}},
+        {"a row with no key", q, k, v, {.mask = masked_row}},
+        {"GQA 6/2", {2, 6, L, 16}, {2, 2, 50, 16}, {2, 2, 50, 33}, {.causal = Causal::bottom_right}},
+        {"E 1, Ev 64", {1, 2, L, 1}, {1, 2, 70, 1}, {1, 2, 70, 64}, {}},
+        {"E 130", {1, 2, L, 130}, {1, 2, 20, 130}, {1, 2, 20, 3}, {}},
+        {"one key", {1, 2, L, 8}, {1, 2, 1, 8}, {1, 2, 1, 8}, {}},
+        // Bands that leave rows no key, lying past the keys' start (the differential sweep's case 5582).
+        {"window (-1, 0), S 1", {1, 3, L, 23}, {1, 3, 1, 23}, {1, 3, 1, 27}, {.window_right = 0}},
+        {"causal bottom-right, S 2", {1, 2, L, 8}, {1, 2, 2, 8}, {1, 2, 2, 8}, {.causal = Causal::bottom_right}},
+        {"window (1, -1) bottom-right, S 9", {1, 2, L, 8}, {1, 2, 9, 8}, {1, 2, 9, 8},
+         {.causal = Causal::bottom_right, .window_left = 1}},
+        {"scale", q, k, v, {.scale = 0.03}},
+    };
+    for (const FlashCase& c : cases) {
+      compare(c, DType::float32, true);
+      compare(c, DType::bfloat16, true);
+    }
+  }
 }
 
 TEST_P(EachIsa, NonContiguousInputs) {
@@ -373,6 +417,30 @@ TEST_P(EachIsa, Bfloat16NonContiguousAndDeterministic) {
     for (auto [x, y, name] : {std::tuple{&ga.dquery, &gb.dquery, "dquery"}, {&ga.dkey, &gb.dkey, "dkey"},
                               {&ga.dvalue, &gb.dvalue, "dvalue"}})
       EXPECT_LE(max_abs_diff(*x, *y), 0.1 * std::max(1.0, max_abs(*y))) << name;
+  });
+}
+
+TEST_P(EachIsa, Bfloat16DropoutPadLanesIgnoreStaleScratch) {
+  // L = 37: the last query tile has pad lanes, which the bfloat16 kernels'
+  // products reduce over (pairs, whole steps of 32). Their dropout factors
+  // must be 0 whatever the thread's scratch held: run once on a fresh thread,
+  // once with NaN in every float of this thread's kernel scratch; the same
+  // bits (a stale -inf or NaN there made P∘F NaN, and the call fell back to
+  // the reference path: the allocation-failure sweep found it).
+  const Tensor q = random_tensor({1, 2, 37, 10}, 1, DType::bfloat16), k = random_tensor({1, 2, 45, 10}, 2, DType::bfloat16),
+               v = random_tensor({1, 2, 45, 5}, 3, DType::bfloat16), dout = random_tensor({1, 2, 37, 5}, 4, DType::bfloat16);
+  const AttentionOptions o{.causal = Causal::bottom_right, .dropout_p = 0.2, .dropout_seed = 3, .path = AttentionPath::fused};
+  const auto gradients = [&] {
+    const AttentionGradients g = attention_backward(dout, q, k, v, attention_forward(q, k, v, o), o);
+    return std::vector<std::vector<double>>{g.dquery.to_vector(), g.dkey.to_vector(), g.dvalue.to_vector()};
+  };
+  on_each_bf16_kernel([&] {
+    std::vector<std::vector<double>> fresh;
+    std::thread([&] { fresh = gradients(); }).join();
+    const int64_t floats = int64_t(1) << 22;  // 16 MiB, more than the call's scratch: it is reused as it is
+    float* junk = static_cast<float*>(cpu::thread_scratch_bytes(cpu::ScratchSlot::flash_b, floats * 4));
+    std::fill(junk, junk + floats, std::numeric_limits<float>::quiet_NaN());
+    EXPECT_EQ(gradients(), fresh);
   });
 }
 

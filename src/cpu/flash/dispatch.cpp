@@ -29,15 +29,22 @@ struct Kernels {
   int64_t width;
   void (*forward_tile)(const FlashForwardTile&);
   void (*backward_head)(const FlashBackwardHead&);
+  void (*decode_rows)(const FlashDecodeRows&);
+  void (*backward_rows)(const FlashBackwardHead&);
 };
 
 Kernels kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::avx512: return {isa, 16, &flash_forward_tile_avx512, &flash_backward_head_avx512};
-    case Isa::avx2: return {isa, 8, &flash_forward_tile_avx2, &flash_backward_head_avx2};
+    case Isa::avx512:
+      return {isa, 16, &flash_forward_tile_avx512, &flash_backward_head_avx512, &flash_decode_rows_avx512,
+              &flash_backward_rows_avx512};
+    case Isa::avx2:
+      return {isa, 8, &flash_forward_tile_avx2, &flash_backward_head_avx2, &flash_decode_rows_avx2,
+              &flash_backward_rows_avx2};
     case Isa::scalar: break;
   }
-  return {Isa::scalar, 8, &flash_forward_tile_scalar, &flash_backward_head_scalar};
+  return {Isa::scalar, 8, &flash_forward_tile_scalar, &flash_backward_head_scalar, &flash_decode_rows_scalar,
+          &flash_backward_rows_scalar};
 }
 
 bool cpu_supports(Isa isa) {
@@ -272,10 +279,12 @@ struct DropoutContext {
 
 void fill_dropout(const void* ctx, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* factors, int64_t ldf) {
   const auto& d = *static_cast<const DropoutContext*>(ctx);
-  for (int64_t j = 0; j < cols; ++j)
+  for (int64_t j = 0; j < cols; ++j) {
     for (int64_t i = 0; i < rows; ++i)
       factors[j * ldf + i] =
           dropout_keep(d.seed, d.b, uint64_t(i0 + i), uint64_t(j0 + j), d.threshold) ? d.scale : 0.0f;
+    for (int64_t i = rows; i < ldf; ++i) factors[j * ldf + i] = 0.0f;
+  }
 }
 
 // qt (E × br) = Q rows [i0, i0+rows) transposed, times `factor`; pad columns 0.
@@ -319,8 +328,63 @@ void force_isa(std::optional<Isa> isa) {
   forced() = isa;
 }
 
+namespace {
+
+// Whether L queries go by rows (decode_rows, backward_rows) instead of query
+// tiles: a tile of W lanes would leave at least three quarters of them idle
+// (decoding: one query, 1 of 16 lanes busy). Not with dropout or returned
+// weights, which the tile kernel draws and writes; the backward follows the
+// forward's choice, since P from the saved lse needs the forward's scores.
+bool by_rows(const AttentionParams& p, int64_t width) {
+  return 4 * p.L <= width && p.dropout_p == 0 && !p.return_weights;
+}
+
+// The forward by rows: each entry's few queries on one thread; K and V as
+// float32 rows (converted where they are not).
+bool forward_by_rows(const AttentionParams& p, const Kernels& k, AttentionOutput& r) {
+  const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
+  const FloatRows keys = float_rows(p.k, p, E), values = float_rows(p.v, p, Ev);
+  const Loader q{p.q.raw_data(), p.dtype};
+  const bool float_out = p.dtype == DType::float32;
+  const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
+  const int64_t f = sizeof(float);
+  const PerThread queries = per_thread_scratch(ScratchSlot::flash_a, L * E * f);
+  const PerThread works = per_thread_scratch(ScratchSlot::flash_b, flash_decode_scratch(S, E) * f);
+  const PerThread outs = per_thread_scratch(ScratchSlot::flash_c, float_out ? 0 : L * Ev * f);
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (p.batch * L * S * (E + Ev) >= (int64_t(1) << 15))
+  for (int64_t b = 0; b < p.batch; ++b) {
+    FlashDecodeRows d{};
+    float* qrows = static_cast<float*>(own_slice(queries));
+    q.typed(p.q_offset[size_t(b)], [&](const auto* first) {
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t e = 0; e < E; ++e) qrows[i * E + e] = float(first[i * p.q_row + e * p.q_col]);
+    });
+    d.q = qrows, d.q_row = E, d.logit_scale = float(p.scale) * kLog2e;
+    d.k = keys.at(b), d.k_row = keys.row, d.v = values.at(b), d.v_row = values.row;
+    d.mask = mask ? mask + p.mask_offset[size_t(b)] : nullptr;
+    d.mask_row = p.mask_row, d.mask_col = p.mask_col;
+    d.i0 = 0, d.rows = L, d.S = S, d.E = E, d.Ev = Ev;
+    d.band = band_of(p);
+    d.out = float_out ? r.out.data<float>() + b * L * Ev : static_cast<float*>(own_slice(outs));
+    d.out_row = Ev;
+    d.lse = r.lse.data<float>() + b * L;
+    d.scratch = static_cast<float*>(own_slice(works));
+    k.decode_rows(d);
+    finite = finite && all_finite(d.out, L, Ev, d.out_row) && all_finite(d.lse, L, true);
+    if (!float_out) {
+      bfloat16* o = r.out.data<bfloat16>() + b * L * Ev;
+      for (int64_t x = 0; x < L * Ev; ++x) o[x] = bfloat16(d.out[x]);
+    }
+  }
+  return finite;
+}
+
+}  // namespace
+
 bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
+  if (by_rows(p, k.width)) return forward_by_rows(p, k, r);
   const int64_t br = query_tile(p.L, k.width), tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
   const Bf16Kernel kernel16 = bf16_kernel_for(p);
   const bool bf16_kernel = kernel16 != Bf16Kernel::none, amx = kernel16 == Bf16Kernel::amx;
@@ -670,7 +734,8 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
                dv_full = buffer(direct_v, p.batch * S * Ev);
   // A bfloat16 kernel where its products pay (not for a loss on the
   // returned weights: their share runs on float32 rows).
-  const Bf16Kernel kernel16 = p.dweights.defined() ? Bf16Kernel::none : bf16_kernel_for(p);
+  const bool rows_kernel = by_rows(p, k.width) && !p.dweights.defined();
+  const Bf16Kernel kernel16 = p.dweights.defined() || rows_kernel ? Bf16Kernel::none : bf16_kernel_for(p);
   const bool bf16 = kernel16 != Bf16Kernel::none;
   const auto rows = [&](const Tensor& t, int64_t width) { return bf16 ? FloatRows{} : float_rows(t, p, width); };
   BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
@@ -680,15 +745,17 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
                     (direct_v ? g.dvalue : dv_full).data<float>(), direct_q ? E : E_pad,
                     dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
   if (bf16) plan.use_bf16_kernel(kernel16, dout_t);
-  void (*backward_head)(const FlashBackwardHead&) = kernel16 == Bf16Kernel::amx ? &flash_backward_head_amx
+  void (*backward_head)(const FlashBackwardHead&) = rows_kernel                    ? k.backward_rows
+                                                    : kernel16 == Bf16Kernel::amx ? &flash_backward_head_amx
                                                     : bf16                         ? &flash_backward_head_bf16_avx512
                                                                                    : k.backward_head;
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
   const int64_t packed = plan.packed_floats();
-  const int64_t scratch = flash_backward_scratch(E_pad, Ev_pad, br) +
-                          (kernel16 == Bf16Kernel::amx ? flash_amx_backward_scratch(br)
-                           : bf16                      ? flash_bf16_backward_scratch(br)
-                                                       : 0);
+  const int64_t scratch = rows_kernel ? flash_rows_backward_scratch(S, E_pad, Ev_pad)
+                          : flash_backward_scratch(E_pad, Ev_pad, br) +
+                                (kernel16 == Bf16Kernel::amx ? flash_amx_backward_scratch(br)
+                                 : bf16                      ? flash_bf16_backward_scratch(br)
+                                                             : 0);
 
   const PerThread packs = per_thread_scratch(ScratchSlot::flash_a, (p.batch >= omp_get_max_threads() ? packed : 0) * int64_t(sizeof(float)));
   const PerThread works = per_thread_scratch(ScratchSlot::flash_b, scratch * int64_t(sizeof(float)));

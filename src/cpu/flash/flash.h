@@ -17,8 +17,11 @@ struct Band {
   int64_t lo_shift, hi_shift;
 };
 
-// Fills factors[j·ldf + i] (j < cols, i < rows) with the dropout factor of
-// (query i0 + i, key j0 + j): 0 or 1/(1-p).
+// Fills factors[j·ldf + i] (j < cols, i < ldf) with the dropout factor of
+// (query i0 + i, key j0 + j), 0 or 1/(1-p), and 0 past rows: the bfloat16
+// backward's products reduce over pairs or whole steps of a tile's lanes, so
+// a pad lane's P∘F must be 0, not 0 times what the scratch held before (a
+// stale -inf made it NaN, and the call fell back to the reference path).
 using DropoutTileFn = void (*)(const void* ctx, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* factors,
                                int64_t ldf);
 
@@ -112,6 +115,34 @@ struct FlashBackwardHead {
   // v16 with E and Ev to a multiple of 32.
 };
 
+// A few query rows of one batch entry (decoding: one new query a step), for
+// which a tile of queries across the vector lanes would leave most lanes
+// idle: each row's scores are dot products along E against the keys of its
+// band, its softmax runs across the keys, and its output sums value rows.
+struct FlashDecodeRows {
+  const float* q;      // query row i0 (unscaled), rows q_row apart, E floats
+  int64_t q_row;
+  float logit_scale;   // scale·log2(e)
+  const float* k;      // key row 0; rows k_row apart, E floats
+  int64_t k_row;
+  const float* v;      // value row 0; rows v_row apart, Ev floats
+  int64_t v_row;
+  const float* mask;   // additive mask at (i0, 0), or null
+  int64_t mask_row, mask_col;
+  int64_t i0, rows, S, E, Ev;
+  Band band;
+  float* out;          // output row i0; rows out_row apart, Ev floats
+  int64_t out_row;
+  float* lse;          // lse of rows i0 … (natural log; -inf when fully masked)
+  float* scratch;      // flash_decode_scratch(S, E) floats, 64-byte aligned (W ≤ 16)
+};
+inline int64_t flash_decode_scratch(int64_t S, int64_t E) { return S + E + 192; }
+// The backward of few query rows (flash_backward_rows_*: a FlashBackwardHead
+// without dropout; its tiles and the bfloat16 operands unused) needs this much.
+inline int64_t flash_rows_backward_scratch(int64_t S, int64_t E_pad, int64_t Ev_pad) {
+  return 2 * (S + 128) + E_pad + Ev_pad + 64;
+}
+
 // Largest query tile width a dispatcher may choose.
 inline constexpr int64_t kFlashQueryTileMax = 64;
 
@@ -135,7 +166,9 @@ inline int64_t flash_amx_backward_scratch(int64_t br) { return kFlashKeyTile * (
 // CPU supports its instruction set (flash.cpp chooses).
 #define MHA_DECLARE_FLASH_KERNELS(isa)                         \
   void flash_forward_tile_##isa(const FlashForwardTile& t);    \
-  void flash_backward_head_##isa(const FlashBackwardHead& h);
+  void flash_backward_head_##isa(const FlashBackwardHead& h);  \
+  void flash_decode_rows_##isa(const FlashDecodeRows& d);      \
+  void flash_backward_rows_##isa(const FlashBackwardHead& h);
 MHA_DECLARE_FLASH_KERNELS(scalar)
 MHA_DECLARE_FLASH_KERNELS(avx2)
 MHA_DECLARE_FLASH_KERNELS(avx512)

@@ -382,6 +382,166 @@ inline void forward_tile_bf16(const FlashForwardTile& t) {
 }
 #endif
 
+// Few query rows (FlashDecodeRows, and their backward): per row, raw scores
+// s_j = q·k_j (dot products along E, reduced lane by lane: the forward and
+// the backward by rows compute each the same way, as P recovered from the
+// saved lse needs at huge logits), then the softmax across keys as the tile
+// kernel's (logits s·c + mask·log2 e, base 2, the max held at -FLT_MAX or
+// above), then o = Σ_j p_j v_j / l.
+
+// s[j] (j in [lo, hi)) = x · row j of m (rows m_row apart, n floats each; x
+// zero padded to whole vectors), four rows at a time.
+inline void row_dots(const float* x, const float* m, int64_t m_row, int64_t n, int64_t lo, int64_t hi, float* s) {
+  const auto part = [&](const float* row, int64_t e0) {
+    return e0 + W <= n ? Vec::load(row + e0) : Vec::load_partial(row + e0, int(n - e0));
+  };
+  int64_t j = lo;
+  for (; j + 4 <= hi; j += 4) {
+    Vec acc[4] = {Vec::zero(), Vec::zero(), Vec::zero(), Vec::zero()};
+    for (int64_t e0 = 0; e0 < n; e0 += W) {
+      const Vec xv = Vec::load(x + e0);
+      for (int u = 0; u < 4; ++u) acc[u] = fma(xv, part(m + (j + u) * m_row, e0), acc[u]);
+    }
+    for (int u = 0; u < 4; ++u) s[j + u] = reduce_add(acc[u]);
+  }
+  for (; j < hi; ++j) {
+    Vec acc = Vec::zero();
+    for (int64_t e0 = 0; e0 < n; e0 += W) acc = fma(Vec::load(x + e0), part(m + j * m_row, e0), acc);
+    s[j] = reduce_add(acc);
+  }
+}
+
+// Raw scores of keys [lo, hi) into logits as finish_scores makes them (with a
+// mask, s·c + mask·log2e and multiplier 1; without, s and multiplier c),
+// rounded as it rounds them (the backward's P relies on it). mask: the row's.
+inline float row_logits(float* s, int64_t lo, int64_t hi, float c, const float* mask, int64_t mask_col) {
+  if (!mask) return c;
+  const Vec cv = Vec::set1(c);
+  for (int64_t j = lo; j < hi; j += W) (Vec::load(s + j) * cv).store(s + j);
+  for (int64_t j = lo; j < hi; ++j) s[j] += mask[j * mask_col] * kLog2e;
+  return 1.0f;
+}
+
+// x (n, zero padded to whole vectors) = row of n floats.
+inline void padded_row(const float* row, int64_t n, float* x) {
+  const int64_t padded = (n + W - 1) / W * W;
+  for (int64_t e = 0; e < padded; ++e) x[e] = e < n ? row[e] : 0.0f;
+}
+
+inline void decode_rows(const FlashDecodeRows& d) {
+  float* s = d.scratch;                          // (S + W): scores, then probabilities; -inf past the band
+  float* qs = s + (d.S + W + 63) / 64 * 64;      // (E to a multiple of W): the query, zero padded
+  for (int64_t i = 0; i < d.rows; ++i) {
+    const int64_t query = d.i0 + i;
+    const int64_t lo = max64(0, query + d.band.lo_shift), hi = min64(d.S, query + d.band.hi_shift);
+    if (lo >= hi) {  // no key in the band (which may lie past either end): out 0, lse -inf
+      for (int64_t e = 0; e < d.Ev; ++e) d.out[i * d.out_row + e] = 0.0f;
+      d.lse[i] = -__builtin_inff();
+      continue;
+    }
+    padded_row(d.q + i * d.q_row, d.E, qs);
+    row_dots(qs, d.k, d.k_row, d.E, lo, hi, s);
+    const float multiplier = row_logits(s, lo, hi, d.logit_scale, d.mask ? d.mask + i * d.mask_row : nullptr, d.mask_col);
+    int64_t j;
+    // The max across the band (a raw max when the multiplier is c > 0), then p and l.
+    float raw_max = -__builtin_inff();
+    for (j = lo; j < hi; ++j) raw_max = s[j] > raw_max ? s[j] : raw_max;
+    const float m = raw_max * multiplier > -3.402823466e38f ? raw_max * multiplier : -3.402823466e38f;
+    const Vec c = Vec::set1(multiplier), neg_m = Vec::set1(-m);
+    for (j = hi; j < hi + W; ++j) s[j] = -__builtin_inff();  // whole vectors past the band: p = 0
+    Vec sum = Vec::zero();
+    for (j = lo; j < hi; j += W) {
+      const Vec p = exp2(fma(Vec::load(s + j), c, neg_m));
+      sum = sum + p;
+      p.store(s + j);
+    }
+    const float l = reduce_add(sum);  // NaN where a score was (a NaN row)
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    float* o = d.out + i * d.out_row;
+    for (int64_t e0 = 0; e0 < d.Ev; e0 += 8 * W) {  // eight vectors of the output at a time
+      Vec acc[8];
+      const int64_t vectors = min64(8, (d.Ev - e0 + W - 1) / W);
+      for (int64_t u = 0; u < vectors; ++u) acc[u] = Vec::zero();
+      for (j = lo; j < hi; ++j) {
+        const Vec pj = Vec::set1(s[j]);
+        const float* row = d.v + j * d.v_row + e0;
+        for (int64_t u = 0; u < vectors; ++u) {
+          const int64_t at = e0 + u * W;
+          acc[u] = fma(pj, at + W <= d.Ev ? Vec::load(row + u * W) : Vec::load_partial(row + u * W, int(d.Ev - at)), acc[u]);
+        }
+      }
+      for (int64_t u = 0; u < vectors; ++u) {
+        const int64_t at = e0 + u * W;
+        const Vec x = acc[u] * Vec::set1(inv);
+        if (at + W <= d.Ev) x.store(o + at);
+        else x.store_partial(o + at, int(d.Ev - at));
+      }
+    }
+    bool any_key = true;
+    if (l == 0.0f && d.mask) {
+      any_key = false;
+      for (j = lo; j < hi && !any_key; ++j) any_key = d.mask[i * d.mask_row + j * d.mask_col] != -__builtin_inff();
+    }
+    d.lse[i] = l == 0.0f ? (any_key ? __builtin_nanf("") : -__builtin_inff()) : (m + __builtin_log2f(l)) * kLn2;
+  }
+}
+
+// The backward of a few query rows (the forward by rows'), for the queries
+// and keys of h's ranges: P from the saved lse as the tile backward does, dP
+// and the scores as dot products along E, then dQ += dS·K over the keys and,
+// over the queries in order, dK += dS_Tᵀ·Q and dV += P_Tᵀ·dO. No dropout.
+inline void backward_rows(const FlashBackwardHead& h) {
+  const int64_t k_end = min64(h.S, h.key_end), q_end = min64(h.L, h.query_end);
+  float* s = h.scratch;                           // (S + W): scores, then P
+  float* dp = s + (h.S + W + 63) / 64 * 64;       // (S + W): dP, then dS·scale
+  float* qs = dp + (h.S + W + 63) / 64 * 64;      // (E_pad): the query
+  float* ds = qs + h.E_pad;                       // (Ev_pad): dO's row
+  if (h.want_dkdv)
+    for (int64_t j = h.key_begin; j < k_end; ++j) {
+      for (int64_t e = 0; e < h.E; ++e) h.dk[j * h.dk_row + e] = 0.0f;
+      for (int64_t e = 0; e < h.Ev; ++e) h.dv[j * h.dv_row + e] = 0.0f;
+    }
+  const Vec scale = Vec::set1(h.scale);
+  for (int64_t i = h.query_begin; i < q_end; ++i) {
+    const int64_t lo = max64(h.key_begin, max64(0, i + h.band.lo_shift));
+    const int64_t hi = min64(k_end, i + h.band.hi_shift);
+    if (lo >= hi) continue;
+    padded_row(h.q + i * h.q_row, h.E, qs);
+    padded_row(h.dout + i * h.dout_row, h.Ev, ds);
+    row_dots(qs, h.k, h.k_row, h.E, lo, hi, s);
+    const Vec c = Vec::set1(row_logits(s, lo, hi, h.logit_scale, h.mask ? h.mask + i * h.mask_row : nullptr, h.mask_col));
+    row_dots(ds, h.v, h.v_row, h.Ev, lo, hi, dp);
+    const Vec lse2 = Vec::set1(h.lse2[i]), delta = Vec::set1(h.delta[i]);
+    for (int64_t j = lo; j < hi; j += W) {  // whole vectors: the lanes past hi are never read
+      const Vec p = probability(Vec::load(s + j), c, lse2);
+      p.store(s + j);
+      ((p * scale) * (Vec::load(dp + j) - delta)).store(dp + j);
+    }
+    if (h.want_dq) {  // dQ_i += Σ_j dS_ij K_j (E_pad columns, as the tile kernel)
+      float* dq = h.dq + i * h.dq_row;
+      for (int64_t e0 = 0; e0 < h.E_pad; e0 += W) {
+        Vec acc = Vec::load(dq + e0);
+        for (int64_t j = lo; j < hi; ++j) acc = fma(Vec::set1(dp[j]), Vec::load(h.k + j * h.k_row + e0), acc);
+        acc.store(dq + e0);
+      }
+    }
+    if (!h.want_dkdv) continue;
+    // dK_j += dS_ij Q_i, dV_j += P_ij dO_i: row (n floats) += a · x (x zero padded).
+    const auto add_scaled = [](float* row, int64_t n, float a, const float* x) {
+      for (int64_t e0 = 0; e0 < n; e0 += W) {
+        const int here = int(min64(W, n - e0));
+        const Vec y = fma(Vec::set1(a), Vec::load(x + e0), here == W ? Vec::load(row + e0) : Vec::load_partial(row + e0, here));
+        if (here == W) y.store(row + e0);
+        else y.store_partial(row + e0, here);
+      }
+    };
+    for (int64_t j = lo; j < hi; ++j) {
+      add_scaled(h.dk + j * h.dk_row, h.E, dp[j], qs);
+      add_scaled(h.dv + j * h.dv_row, h.Ev, s[j], ds);
+    }
+  }
+}
+
 // The backward's five products on float32 operands.
 struct FloatBackwardProducts {
   const FlashBackwardHead& h;
