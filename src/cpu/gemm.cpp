@@ -253,9 +253,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   if (m == 0 || n == 0) return;
   if (active_isa() == Isa::avx512) {
     const Bf16Products kind = bf16_products();
-    // Few rows against a transposed B (a decoding step) go by dot products,
-    // which read B once; AMX would first have to regroup all of B in pairs.
-    const bool decoding = !ta && tb && m <= 16;
+    const bool decoding = !ta && tb && m <= kBf16SkinnyRows;  // see gemm_bf16_avx512
     if (kind == Bf16Products::amx && !decoding) return gemm_bf16_amx(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (kind != Bf16Products::widen) return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }

@@ -72,7 +72,11 @@ std::string to_string(Bf16Products kind);
 void force_bf16_products(std::optional<Bf16Products> kind);
 
 // The AVX512-BF16 kernel (gemm_bf16_avx512.cpp). Needs AVX512-BF16; treats
-// bfloat16 denormals as zero.
+// bfloat16 denormals as zero. A product of at most kBf16SkinnyRows rows
+// against a transposed B (a Linear layer's decoding step) goes by dot
+// products along k, reading B once without packing it (AMX would pack all
+// of B first, so gemm sends such products here too).
+inline constexpr int64_t kBf16SkinnyRows = 16;
 void gemm_bf16_avx512(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 // The AMX kernel (gemm_bf16_amx.cpp). Needs amx_bf16_usable(); treats

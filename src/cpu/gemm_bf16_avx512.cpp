@@ -179,7 +179,6 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
 // packing. Blocks of 4 rows × 4 columns, 16 accumulators; each step takes
 // 32 elements of k (one vector of pairs), the last step masked (zeros add
 // nothing).
-constexpr int64_t kSkinnyRows = 16;
 
 void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows,
                   int64_t cols, float alpha, float beta, float* c, int64_t ldc) {
@@ -243,7 +242,7 @@ void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t 
 
 void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
                       int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m > 0 && n > 0 && k > 0 && !ta && tb && m <= kSkinnyRows)
+  if (m > 0 && n > 0 && k > 0 && !ta && tb && m <= kBf16SkinnyRows)
     return skinny_product(m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc);
   bf16_product_scaled(m, n, k, alpha, beta, c, ldc, [&](bool accumulate, float* out, int64_t ld) {
     product(ta, tb, m, n, k, a, lda, b, ldb, accumulate, out, ld);

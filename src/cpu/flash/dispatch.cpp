@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "check.h"
+#include "cpu/flash/bf16_operands.h"
 #include "cpu/gemm.h"
 #include "cpu/parallel.h"
 #include "cpu/reduce.h"
@@ -139,130 +140,12 @@ FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width) {
   return r;
 }
 
-// A bfloat16 operand of the AVX512-BF16 kernels, per output batch entry.
-struct Bf16Rows {
-  Tensor tensor;
-  std::vector<int64_t> offset;  // per output batch entry
-  int64_t row = 0;
-  const uint16_t* at(int64_t b) const { return &tensor.data<bfloat16>()[offset[size_t(b)]].bits; }
-};
-
-Bf16Rows with_offsets(Tensor t, const AttentionParams& p) {
-  Bf16Rows r;
-  r.offset = batch_offsets(p.batch_shape, leading(t.shape()), leading(t.strides()));
-  r.row = t.stride(-2);
-  r.tensor = std::move(t);
-  return r;
-}
-
-// t (…, n, E) as rows of pairs: unit element stride, `width` elements (at
-// least E, even) and `rows` rows (at least n), an even row stride and offset
-// (zero padded where t has none of these), so that a row is read as 32-bit
-// words.
-Bf16Rows bf16_rows(const Tensor& t, const AttentionParams& p, int64_t width, int64_t rows) {
-  const int64_t n = t.size(-2), E = t.size(-1);
-  if (t.stride(-1) == 1 && E == width && n == rows && t.stride(-2) % 2 == 0 && t.offset() % 2 == 0)
-    return with_offsets(t, p);
-  const Tensor c = t.contiguous();
-  Shape padded = t.shape();
-  padded[padded.size() - 2] = rows;
-  padded.back() = width;
-  Tensor out = Tensor::empty(padded, DType::bfloat16);
-  const bfloat16* src = c.data<bfloat16>();
-  bfloat16* dst = out.data<bfloat16>();
-  const int64_t heads = shape_numel(leading(c.shape()));
-#pragma omp parallel for schedule(static) if (heads * rows * width >= (int64_t(1) << 15))
-  for (int64_t hj = 0; hj < heads * rows; ++hj) {
-    const int64_t h = hj / rows, j = hj % rows, here = j < n ? E : 0;
-    if (here) std::memcpy(dst + hj * width, src + (h * n + j) * E, size_t(E) * sizeof(bfloat16));
-    std::memset(static_cast<void*>(dst + hj * width + here), 0, size_t(width - here) * sizeof(bfloat16));
-  }
-  return with_offsets(std::move(out), p);
-}
-
-// t (…, n, E) transposed, (…, rows, cols) with zeros past E and n.
-Bf16Rows bf16_transposed(const Tensor& t, const AttentionParams& p, int64_t rows, int64_t cols) {
-  const Tensor c = t.contiguous();
-  const int64_t n = c.size(-2), E = c.size(-1);
-  Shape padded = t.shape();
-  padded[padded.size() - 2] = rows;
-  padded.back() = cols;
-  Tensor out = Tensor::empty(padded, DType::bfloat16);
-  const uint16_t* src = &c.data<bfloat16>()->bits;
-  uint16_t* dst = &out.data<bfloat16>()->bits;
-  const int64_t heads = shape_numel(leading(c.shape()));
-#pragma omp parallel for schedule(static) if (heads * rows * cols >= (int64_t(1) << 15))
-  for (int64_t he = 0; he < heads * rows; ++he) {
-    const int64_t h = he / rows, e = he % rows;
-    uint16_t* row = dst + he * cols;
-    const int64_t here = e < E ? n : 0;
-    for (int64_t j = 0; j < here; ++j) row[j] = src[(h * n + j) * E + e];
-    std::memset(row + here, 0, size_t(cols - here) * sizeof(uint16_t));
-  }
-  return with_offsets(std::move(out), p);
-}
-
-// t (…, n, E) regrouped in row pairs, (…, pairs, width, 2): element (j, e)
-// at ((j/2)·width + e)·2 + j%2, zeros past n and E (width ≥ E, pairs ≥ n/2).
-Bf16Rows bf16_pairs(const Tensor& t, const AttentionParams& p, int64_t width, int64_t pair_rows) {
-  const Tensor c = t.contiguous();
-  const int64_t n = c.size(-2), E = c.size(-1), n2 = (n + 1) / 2;
-  Shape pairs = leading(c.shape());
-  pairs.push_back(2 * pair_rows);
-  pairs.push_back(width);
-  Tensor out = Tensor::empty(pairs, DType::bfloat16);
-  const uint16_t* src = &c.data<bfloat16>()->bits;
-  uint16_t* dst = &out.data<bfloat16>()->bits;
-  const int64_t heads = shape_numel(leading(c.shape()));
-  // Pair row q of head h: rows 2q and 2q + 1 interleaved (the second 0 past n).
-#pragma omp parallel for schedule(static) if (heads * pair_rows * width >= (int64_t(1) << 15))
-  for (int64_t hq = 0; hq < heads * pair_rows; ++hq) {
-    const int64_t h = hq / pair_rows, q = hq % pair_rows;
-    uint16_t* row = dst + hq * 2 * width;
-    if (q >= n2) {
-      std::memset(row, 0, size_t(2 * width) * sizeof(uint16_t));
-      continue;
-    }
-    const uint16_t* even = src + (h * n + 2 * q) * E;
-    interleave_pairs_avx512(even, 2 * q + 1 < n ? even + E : nullptr, E, reinterpret_cast<uint32_t*>(row));
-    std::memset(row + 2 * E, 0, size_t(2 * (width - E)) * sizeof(uint16_t));
-  }
-  return with_offsets(std::move(out), p);
-}
-
-// The kernels for bfloat16 attention: products on float32 rows of the
-// widened values (none), on vdpbf16ps (dot) or on AMX tiles (amx), as
-// bf16_products() says for the layers' products.
-enum class Bf16Kernel { none, dot, amx };
-
-Bf16Kernel bf16_kernel_for(const AttentionParams& p) {
-  if (p.dtype != DType::bfloat16 || active_isa() != Isa::avx512) return Bf16Kernel::none;
-  switch (bf16_products()) {
-    case Bf16Products::dot: return Bf16Kernel::dot;
-    case Bf16Products::amx: return Bf16Kernel::amx;
-    case Bf16Products::widen: break;
-  }
-  return Bf16Kernel::none;
-}
-
-// Pair rows along e of a query tile for a bfloat16 kernel: the AMX kernel
-// reads whole steps of 32 elements.
-int64_t e_pairs(Bf16Kernel kernel, int64_t E) { return kernel == Bf16Kernel::amx ? round_up(E, 32) / 2 : (E + 1) / 2; }
-
-// qt2 (pairs, br, 2) = query pairs (e, e+1) of rows [i0, i0+rows) as bf16; pads 0.
-void pack_query_pairs(const bfloat16* q, int64_t row, int64_t col, int64_t i0, int64_t rows, int64_t E, int64_t pairs,
-                      int64_t br, uint16_t* qt2) {
-  std::memset(qt2, 0, size_t(pairs * br * 2) * sizeof(uint16_t));
-  uint32_t* words = reinterpret_cast<uint32_t*>(qt2);
-  for (int64_t i = 0; i < rows; ++i) {
-    const bfloat16* r = q + (i0 + i) * row;
-    if (col != 1) {
-      for (int64_t e = 0; e < E; ++e) qt2[((e / 2) * br + i) * 2 + e % 2] = r[e * col].bits;
-      continue;
-    }
-    for (int64_t e2 = 0; e2 < E / 2; ++e2) std::memcpy(&words[e2 * br + i], r + 2 * e2, 4);  // a pair as one word
-    if (E % 2) qt2[((E / 2) * br + i) * 2] = r[E - 1].bits;
-  }
+// The kernels for bfloat16 attention, as bf16_products() chooses for the
+// layers' products: on float32 rows of the widened values (widen, also for
+// every other dtype and instruction set), on vdpbf16ps (dot), on AMX (amx).
+Bf16Products bf16_kernel_for(const AttentionParams& p) {
+  if (p.dtype != DType::bfloat16 || active_isa() != Isa::avx512) return Bf16Products::widen;
+  return bf16_products();
 }
 
 // Whether an input reads one distinct block per output batch entry, in order
@@ -386,13 +269,13 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const Kernels k = kernels_for(active_isa());
   if (by_rows(p, k.width)) return forward_by_rows(p, k, r);
   const int64_t br = query_tile(p.L, k.width), tiles = (p.L + br - 1) / br, E = p.E, Ev = p.Ev, L = p.L, S = p.S;
-  const Bf16Kernel kernel16 = bf16_kernel_for(p);
-  const bool bf16_kernel = kernel16 != Bf16Kernel::none, amx = kernel16 == Bf16Kernel::amx;
+  const Bf16Products kernel16 = bf16_kernel_for(p);
+  const bool bf16_kernel = kernel16 != Bf16Products::widen, amx = kernel16 == Bf16Products::amx;
   const FloatRows keys = bf16_kernel ? FloatRows{} : float_rows(p.k, p, E);
   const FloatRows values = bf16_kernel ? FloatRows{} : float_rows(p.v, p, Ev);
-  const int64_t E2 = e_pairs(kernel16, E), S_pad = round_up(S, kFlashKeyTile);
+  const int64_t E2 = bf16_e_pairs(kernel16 == Bf16Products::amx, E), S_pad = round_up(S, kFlashKeyTile);
   Bf16Rows keys16, value_pairs, values_t;
-  if (kernel16 == Bf16Kernel::dot) keys16 = bf16_rows(p.k, p, round_up(E, 2), S), value_pairs = bf16_pairs(p.v, p, Ev, (S + 1) / 2);
+  if (kernel16 == Bf16Products::dot) keys16 = bf16_rows(p.k, p, round_up(E, 2), S), value_pairs = bf16_pairs(p.v, p, Ev, (S + 1) / 2);
   if (amx) keys16 = bf16_rows(p.k, p, 2 * E2, S_pad), values_t = bf16_transposed(p.v, p, flash_value_rows(Ev), S_pad);
   void (*forward_tile)(const FlashForwardTile&) =
       amx ? &flash_forward_tile_amx : bf16_kernel ? &flash_forward_tile_bf16_avx512 : k.forward_tile;
@@ -464,26 +347,6 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
 
 namespace {
 
-// x rows [0, L) (row, col strides) regrouped in row pairs, (L_pad/2, width,
-// 2): element (i, e) at ((i/2)·width + e)·2 + i%2, zeros past L and E.
-void pack_row_pairs(const bfloat16* x, int64_t row, int64_t col, int64_t L, int64_t E, int64_t L_pad, int64_t width,
-                    uint16_t* out) {
-  if (col == 1) {  // rows of E elements: interleaved a pair of rows at a time
-    for (int64_t i = 0; i < L_pad; i += 2) {
-      uint16_t* pair = out + i * width;
-      if (i < L) interleave_pairs_avx512(&x[i * row].bits, i + 1 < L ? &x[(i + 1) * row].bits : nullptr, E,
-                                         reinterpret_cast<uint32_t*>(pair));
-      const int64_t here = i < L ? E : 0;
-      std::memset(pair + 2 * here, 0, size_t(2 * (width - here)) * sizeof(uint16_t));
-    }
-    return;
-  }
-  for (int64_t i = 0; i < L_pad; ++i) {
-    uint16_t* dst = out + (i / 2) * 2 * width + i % 2;
-    for (int64_t e = 0; e < width; ++e) dst[2 * e] = i < L && e < E ? x[i * row + e * col].bits : uint16_t(0);
-  }
-}
-
 // Everything the backward of one call shares between batch entries.
 struct BackwardPlan {
   const AttentionParams& p;
@@ -497,17 +360,17 @@ struct BackwardPlan {
   int64_t dq_pitch;
   uint32_t threshold;
   float drop_scale;
-  // A bfloat16 kernel (kernel16 not none) reads these instead of the float rows.
-  Bf16Kernel kernel16 = Bf16Kernel::none;
-  bool bf16 = false;
+  // A bfloat16 kernel (kernel16 dot or amx) reads these instead of the float rows.
+  Bf16Products kernel16 = Bf16Products::widen;
   int64_t E2 = 0, Ev2 = 0, pair_rows = 0;  // pair rows of qt2's and dot2's tiles, of q2 and dout2
   Bf16Rows k16, v16, k2;
   Tensor dout16;  // dO, contiguous
+  bool bf16() const { return kernel16 != Bf16Products::widen; }
 
-  void use_bf16_kernel(Bf16Kernel kernel, const Tensor& dout) {
-    kernel16 = kernel, bf16 = true;
-    const bool amx = kernel == Bf16Kernel::amx;
-    E2 = e_pairs(kernel, E), Ev2 = e_pairs(kernel, Ev);
+  void use_bf16_kernel(Bf16Products kernel, const Tensor& dout) {
+    kernel16 = kernel;
+    const bool amx = kernel == Bf16Products::amx;
+    E2 = bf16_e_pairs(amx, E), Ev2 = bf16_e_pairs(amx, Ev);
     pair_rows = L_pad / 2 + (amx ? 16 : 0);  // AMX reads whole steps of 32 queries from any tile
     const int64_t rows = amx ? round_up(S, kFlashKeyTile) : S;
     k16 = bf16_rows(p.k, p, amx ? 2 * E2 : round_up(E, 2), rows);
@@ -524,13 +387,13 @@ struct BackwardPlan {
     uint16_t *qt2, *dot2, *q2, *dout2;
   };
   int64_t packed_floats() const {
-    if (!bf16) return L_pad * (E + Ev + 2);
+    if (!bf16()) return L_pad * (E + Ev + 2);
     return L_pad * (2 + E2 + Ev2) + pair_rows * (E_pad + Ev_pad);
   }
   Packed carve(float* base) const {
     Packed d{base, base + L_pad, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
     float* rest = base + 2 * L_pad;
-    if (!bf16) {
+    if (!bf16()) {
       d.qt = rest, d.dot = rest + L_pad * E;
       return d;
     }
@@ -544,7 +407,7 @@ struct BackwardPlan {
   void pack(int64_t b, const Packed& d) const {
     const Loader o{out.raw_data(), p.dtype};
     const float* l = lse.data<float>();
-    if (bf16) {
+    if (bf16()) {
       const bfloat16* q = p.q.data<bfloat16>() + p.q_offset[size_t(b)];
       const bfloat16* dout = dout16.data<bfloat16>() + b * L * Ev;
       for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -565,8 +428,8 @@ struct BackwardPlan {
     }
     // D_i = Σ_e dO_ie·O_ie in double, in four running sums (one chain of
     // dependent adds took as long as the backward's products at E = 32).
-    const Loader dl = bf16 ? Loader{dout16.data<bfloat16>() + b * L * Ev, p.dtype} : Loader{douts.at(b), DType::float32};
-    const int64_t d_row = bf16 ? Ev : douts.row;
+    const Loader dl = bf16() ? Loader{dout16.data<bfloat16>() + b * L * Ev, p.dtype} : Loader{douts.at(b), DType::float32};
+    const int64_t d_row = bf16() ? Ev : douts.row;
     dl.typed(0, [&](const auto* d_rows) {
       o.typed(b * L * Ev, [&](const auto* out_rows) {
         for (int64_t i = 0; i < L_pad; ++i) {
@@ -591,7 +454,7 @@ struct BackwardPlan {
   FlashBackwardHead head(int64_t b, const Packed& d, const DropoutContext& drop, float* scratch) const {
     FlashBackwardHead h{};
     h.logit_scale = float(p.scale) * kLog2e;
-    if (bf16) {
+    if (bf16()) {
       h.qt2 = d.qt2, h.dot2 = d.dot2, h.q2 = d.q2, h.dout2 = d.dout2;
       h.k16 = k16.at(b), h.k16_row = k16.row, h.v16 = v16.at(b), h.v16_row = v16.row, h.k2 = k2.at(b);
     } else {
@@ -735,8 +598,8 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   // A bfloat16 kernel where its products pay (not for a loss on the
   // returned weights: their share runs on float32 rows).
   const bool rows_kernel = by_rows(p, k.width) && !p.dweights.defined();
-  const Bf16Kernel kernel16 = p.dweights.defined() || rows_kernel ? Bf16Kernel::none : bf16_kernel_for(p);
-  const bool bf16 = kernel16 != Bf16Kernel::none;
+  const Bf16Products kernel16 = p.dweights.defined() || rows_kernel ? Bf16Products::widen : bf16_kernel_for(p);
+  const bool bf16 = kernel16 != Bf16Products::widen;
   const auto rows = [&](const Tensor& t, int64_t width) { return bf16 ? FloatRows{} : float_rows(t, p, width); };
   BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
                     rows(p.k, E_pad), rows(p.v, Ev), rows(p.q, E_pad), rows(dout_t, Ev_pad),
@@ -746,14 +609,14 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
                     dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
   if (bf16) plan.use_bf16_kernel(kernel16, dout_t);
   void (*backward_head)(const FlashBackwardHead&) = rows_kernel                    ? k.backward_rows
-                                                    : kernel16 == Bf16Kernel::amx ? &flash_backward_head_amx
+                                                    : kernel16 == Bf16Products::amx ? &flash_backward_head_amx
                                                     : bf16                         ? &flash_backward_head_bf16_avx512
                                                                                    : k.backward_head;
   std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
   const int64_t packed = plan.packed_floats();
   const int64_t scratch = rows_kernel ? flash_rows_backward_scratch(S, E_pad, Ev_pad)
                           : flash_backward_scratch(E_pad, Ev_pad, br) +
-                                (kernel16 == Bf16Kernel::amx ? flash_amx_backward_scratch(br)
+                                (kernel16 == Bf16Products::amx ? flash_amx_backward_scratch(br)
                                  : bf16                      ? flash_bf16_backward_scratch(br)
                                                              : 0);
 

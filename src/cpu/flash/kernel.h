@@ -359,6 +359,17 @@ inline void pairs_along_keys(const float* x, int64_t br, int64_t cols, uint16_t*
     }
 }
 
+// out (rows × out_row bfloat16) = x (rows × br float, br a multiple of W)
+// rounded to nearest even, zero in columns br … out_row.
+inline void round_rows(const float* x, int64_t rows, int64_t br, uint16_t* out, int64_t out_row) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < br; k += W)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_row + k),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * br + k)));
+    for (int64_t k = br; k < out_row; ++k) out[r * out_row + k] = 0;
+  }
+}
+
 struct Bf16Products {
   const FlashForwardTile& t;
   uint16_t* pt2;  // (Bc/2, br, 2): probabilities in key pairs
@@ -646,8 +657,8 @@ struct Bf16BackwardProducts {
   }
   void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
                      float* dv_acc) const {
-    round_rows(pdrop, cols, p16);
-    round_rows(dst, cols, ds16);
+    round_rows(pdrop, cols, h.br, p16, h.br);
+    round_rows(dst, cols, h.br, ds16, h.br);
     const int64_t pairs = (rows + 1) / 2;  // an odd tile's last pair meets a pad query: P = dS = 0 there
     gemm_bf16<true>(cols, h.Ev_pad, pairs, reinterpret_cast<const uint32_t*>(p16), h.br / 2, 1,
                     h.dout2 + i0 * h.Ev_pad, 2 * h.Ev_pad, dv_acc, h.Ev_pad);
@@ -658,12 +669,6 @@ struct Bf16BackwardProducts {
     pairs_along_keys(dst, h.br, cols, ds2);
     gemm_bf16<true>(rows, h.E_pad, (cols + 1) / 2, reinterpret_cast<const uint32_t*>(ds2), 1, h.br,
                     h.k2 + j0 * h.E_pad, 2 * h.E_pad, h.dq + i0 * h.dq_row, h.dq_row);
-  }
-
-  // out (rows × br bfloat16) = x (rows × br float) rounded to nearest even.
-  void round_rows(const float* x, int64_t rows, uint16_t* out) const {
-    for (int64_t k = 0; k < rows * h.br; k += W)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
   }
 };
 

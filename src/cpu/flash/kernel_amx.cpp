@@ -85,8 +85,8 @@ struct AmxBackwardProducts {
   void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
                      float* dv_acc) const {
     (void)rows;
-    round_rows(pdrop, cols, p16);
-    round_rows(dst, cols, ds16);
+    round_rows(pdrop, cols, h.br, p16, br32);
+    round_rows(dst, cols, h.br, ds16, br32);
     const int64_t key_tiles = (cols + T - 1) / T, steps = br32 / 32;
     const AmxOperand dout{h.dout2 + i0 * h.Ev_pad, h.Ev_pad * 4, 64, T * h.Ev_pad * 4};
     amx_product({p16, br32 * 2, T * br32 * 2, 64}, key_tiles, dout, h.Ev_pad / T, steps, true, dv_acc, h.Ev_pad,
@@ -111,16 +111,6 @@ struct AmxBackwardProducts {
     const AmxOperand a{dsq, kFlashKeyTile * 2, T * kFlashKeyTile * 2, 64};
     const AmxOperand k{h.k2 + j0 * h.E_pad, h.E_pad * 4, 64, T * h.E_pad * 4};
     amx_product(a, h.br / T, k, h.E_pad / T, steps, true, h.dq + i0 * h.dq_row, h.dq_row, rows, h.E_pad);
-  }
-
-  // out (rows × br32 bfloat16) = x (rows × br float) rounded to nearest even, zero past br.
-  void round_rows(const float* x, int64_t rows, uint16_t* out) const {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t k = 0; k < h.br; k += W)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * br32 + k),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * h.br + k)));
-      for (int64_t k = h.br; k < br32; ++k) out[r * br32 + k] = 0;
-    }
   }
 };
 
