@@ -322,22 +322,31 @@ TEST_P(EachIsa, FewQueriesByRows) {
   }
 }
 
+// Strided rows, as the heads of an (N, L, H·E) tensor (the backward copies
+// such rows together), for several entries and for one (the backward then
+// splits the entry over threads).
 TEST_P(EachIsa, NonContiguousInputs) {
-  Tensor q = random_tensor({2, 70, 3, 16}, 1, DType::float32).permute({0, 2, 1, 3});
-  Tensor k = random_tensor({2, 3, 16, 67}, 2, DType::float32).transpose(2, 3);  // element stride 67
-  Tensor v = random_tensor({2, 3, 67, 24}, 3, DType::float32).slice(3, 0, 24, 2);
-  AttentionOptions o{.causal = Causal::top_left, .path = AttentionPath::fused};
-  AttentionOutput a = attention_forward(q, k, v, o);
-  AttentionOptions r = o;
-  r.path = AttentionPath::reference;
-  AttentionOutput b = attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), r);
-  EXPECT_LE(max_abs_diff(a.out, b.out), 2e-5);
-  Tensor dout = random_tensor(a.out.shape(), 4, DType::float32).transpose(0, 1).contiguous().transpose(0, 1);
-  AttentionGradients ga = attention_backward(dout, q, k, v, a, o);
-  AttentionGradients gb = attention_backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), b, r);
-  EXPECT_LE(max_abs_diff(ga.dquery, gb.dquery), 1e-4);
-  EXPECT_LE(max_abs_diff(ga.dkey, gb.dkey), 1e-4);
-  EXPECT_LE(max_abs_diff(ga.dvalue, gb.dvalue), 1e-4);
+  const auto check = [](const Tensor& q, const Tensor& k, const Tensor& v) {
+    AttentionOptions o{.causal = Causal::top_left, .path = AttentionPath::fused};
+    AttentionOutput a = attention_forward(q, k, v, o);
+    AttentionOptions r = o;
+    r.path = AttentionPath::reference;
+    AttentionOutput b = attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), r);
+    EXPECT_LE(max_abs_diff(a.out, b.out), 2e-5);
+    Tensor dout = random_tensor(a.out.shape(), 4, DType::float32).transpose(0, 1).contiguous().transpose(0, 1);
+    AttentionGradients ga = attention_backward(dout, q, k, v, a, o);
+    AttentionGradients gb = attention_backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), b, r);
+    EXPECT_LE(max_abs_diff(ga.dquery, gb.dquery), 1e-4);
+    EXPECT_LE(max_abs_diff(ga.dkey, gb.dkey), 1e-4);
+    EXPECT_LE(max_abs_diff(ga.dvalue, gb.dvalue), 1e-4);
+  };
+  check(random_tensor({2, 70, 3, 16}, 1, DType::float32).permute({0, 2, 1, 3}),
+        random_tensor({2, 3, 16, 67}, 2, DType::float32).transpose(2, 3),  // element stride 67
+        random_tensor({2, 3, 67, 24}, 3, DType::float32).slice(3, 0, 24, 2));
+  const auto head = [](Shape shape, uint64_t seed) {  // (1, 1, R, E) of an (1, R, 2·E) tensor
+    return random_tensor(shape, seed, DType::float32).permute({0, 2, 1, 3}).slice(1, 1, 2);
+  };
+  check(head({1, 150, 2, 32}, 5), head({1, 140, 2, 32}, 6), head({1, 140, 2, 32}, 7));
 }
 
 // Max error against float64 ground truth of out, dq, dk, dv: the fused path in

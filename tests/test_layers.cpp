@@ -356,4 +356,14 @@ TEST(Positional, SinusoidalAsDefined) {
   Tensor yb = add_sinusoidal_encoding(x.transpose(0, 1).contiguous(), true);
   EXPECT_LE(max_abs_diff(yb.transpose(0, 1), y), 1e-15);
   EXPECT_THROW(sinusoidal_encoding(0, 8), ValueError);
+  // The table is computed once per width and grown on demand: rows far past
+  // it follow the formula, the rows before stay as they were, and writing to
+  // a returned table leaves the next one alone.
+  Tensor far = sinusoidal_encoding(3, 8, DType::float64, 1000);
+  EXPECT_EQ(far.item({2, 4}), std::sin(1002.0 * std::pow(10000.0, -4.0 / 8)));
+  EXPECT_EQ(far.item({1, 7}), std::cos(1001.0 * std::pow(10000.0, -6.0 / 8)));
+  pe.fill_(7.0);
+  Tensor again = sinusoidal_encoding(50, 8, DType::float64);
+  EXPECT_EQ(again.item({7, 3}), std::cos(7.0 * std::pow(10000.0, -2.0 / 8)));
+  EXPECT_EQ(sinusoidal_encoding(4, 8, DType::float32).item({3, 0}), double(float(std::sin(3.0))));
 }
