@@ -6,6 +6,8 @@
 // again. The idle blocks kept hold at most the most bytes ever in use at once
 // (256 MiB at least), so a training step whose activations outgrow 256 MiB
 // still finds all of them again; past that the least recently freed go first.
+// Blocks for 4 MiB and up start on 2 MiB boundaries, their whole 2 MiB pages
+// within the request asked to be transparent huge pages (allocator.cpp).
 // Off under AddressSanitizer, so that use-after-free is caught.
 #pragma once
 

@@ -294,8 +294,9 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     s.value = same_view(value, key) ? s.key : as_operand<A>(value);
     const std::vector<Tensor> w = product_weights(training_);
     const T* b = ptr_or_null<T>(in_proj_bias);
-    Tensor q = Tensor::empty({N, L, I}, c.dtype), k = Tensor::zeros({N, s.S_total, I}, c.dtype),
-           v = Tensor::zeros({N, s.S_total, I}, c.dtype);
+    // Zeroed only where rows past the projected ones (bias_k/v, the zero row) are.
+    const auto kv = [&] { return s.S_total == S ? Tensor::empty({N, S, I}, c.dtype) : Tensor::zeros({N, s.S_total, I}, c.dtype); };
+    Tensor q = Tensor::empty({N, L, I}, c.dtype), k = kv(), v = kv();
     project<T, A>(s.query.data<A>(), s.qs, w[0].data<A>(), b, I, q.data<T>());
     // k and v hold S_total rows per batch entry: project each entry's S rows,
     // then bias_k / bias_v, then the zero row (already zero).
