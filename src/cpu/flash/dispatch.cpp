@@ -434,13 +434,13 @@ struct BackwardPlan {
         pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, d.qt + tile * E * br);
         pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, d.dot + tile * Ev * br);
       }
-      if (d.q) {  // copies_rows(): E = E_pad and Ev = Ev_pad (padded rows are copies already)
-        const float* k_rows = keys.at(b);
-        for (int64_t i = 0; i < L; ++i) {
-          std::memcpy(d.q + i * E_pad, q_rows + i * queries.row, size_t(E) * sizeof(float));
-          std::memcpy(d.dout + i * Ev_pad, d_rows + i * douts.row, size_t(Ev) * sizeof(float));
-        }
-        for (int64_t j = 0; j < S; ++j) std::memcpy(d.k + j * E_pad, k_rows + j * keys.row, size_t(E) * sizeof(float));
+      if (d.q) {  // whole padded rows: the products read the pad columns too (a padded copy's are 0)
+        const auto copy_rows = [](float* dst, const float* src, int64_t rows, int64_t row, int64_t width) {
+          for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * width, src + i * row, size_t(width) * sizeof(float));
+        };
+        copy_rows(d.q, q_rows, L, queries.row, E_pad);
+        copy_rows(d.dout, d_rows, L, douts.row, Ev_pad);
+        copy_rows(d.k, keys.at(b), S, keys.row, E_pad);
       }
     }
     // D_i = Σ_e dO_ie·O_ie in double, in four running sums (one chain of
