@@ -246,6 +246,13 @@ TEST(MultiheadAttention, GradientsOfInputsAndEveryParameter) {
       for (Tensor* t : {&g.dkey, &g.dvalue})
         for (int64_t x = 0; x < sum.numel(); ++x) sum.data<double>()[x] += t->data<double>()[x];
       check("dinput", b.query, sum);
+      // Summed by the module: the same sum, dkey and dvalue left undefined.
+      m.zero_grad();
+      loss();
+      const MultiheadAttentionInputGradients summed = m.backward(r, {}, /*summed=*/true);
+      EXPECT_LE(max_abs_diff(summed.dquery, sum), 1e-12);
+      EXPECT_FALSE(summed.dkey.defined() || summed.dvalue.defined());
+      for (NamedParameter& p : m.named_parameters()) check(p.name + " (summed)", *p.value, *p.grad);
     } else {
       check("dquery", b.query, g.dquery);
       check("dkey", b.key, g.dkey);
@@ -254,6 +261,56 @@ TEST(MultiheadAttention, GradientsOfInputsAndEveryParameter) {
     for (NamedParameter& p : m.named_parameters()) check(p.name, *p.value, *p.grad);
   }
   std::printf("  worst relative gradient error over all cases: %.1e\n", worst);
+}
+
+// One tensor as query, key and value: q, k and v come from one product and
+// their gradients go back through one (fused); a copy of the tensor as key
+// and value takes the three products of cross-attention. Both must agree,
+// in every layout, with and without RoPE, in float32, float64 and bf16-mixed.
+TEST(MultiheadAttention, SelfAttentionInOneProductMatchesThreeInputs) {
+  struct Case {
+    DType dtype;
+    Precision precision;
+    double tol;
+  };
+  for (Case k : {Case{DType::float64, Precision::float32, 1e-12}, Case{DType::float32, Precision::float32, 2e-5},
+                 Case{DType::float32, Precision::bf16_mixed, 2e-2}})
+    for (bool batch_first : {false, true})
+      for (bool rope : {false, true}) {
+        SCOPED_TRACE(to_string(k.dtype) + (k.precision == Precision::bf16_mixed ? " bf16-mixed" : "") +
+                     (batch_first ? " batch_first" : "") + (rope ? " rope" : ""));
+        const MultiheadAttentionConfig config{.embed_dim = 24, .num_heads = 3, .batch_first = batch_first,
+                                              .dtype = k.dtype, .rotary_base = rope ? std::optional(100.0) : std::nullopt,
+                                              .precision = k.precision};
+        Generator g1(3), g2(3);
+        MultiheadAttention fused(config, g1), three(config, g2);
+        randomize_biases(fused);
+        randomize_biases(three);
+        const Tensor x = random_tensor(batch_first ? Shape{2, 13, 24} : Shape{13, 2, 24}, 4).to(k.dtype);
+        const Tensor r = random_tensor(x.shape(), 5).to(k.dtype);
+        const Tensor xk = x.clone(), xv = x.clone();
+        const MultiheadAttentionInputs in{.need_weights = false, .is_causal = true};
+        EXPECT_LE(max_abs_diff(fused.forward(x, x, x, in).output, three.forward(x, xk, xv, in).output), k.tol);
+        const MultiheadAttentionInputGradients a = fused.backward(r), b = three.backward(r);
+        EXPECT_LE(max_abs_diff(a.dquery, b.dquery), k.tol);
+        EXPECT_LE(max_abs_diff(a.dkey, b.dkey), k.tol);
+        EXPECT_LE(max_abs_diff(a.dvalue, b.dvalue), k.tol);
+        const std::vector<NamedParameter> pa = fused.named_parameters(), pb = three.named_parameters();
+        for (size_t i = 0; i < pa.size(); ++i) EXPECT_LE(max_abs_diff(*pa[i].grad, *pb[i].grad), k.tol) << pa[i].name;
+        // Summed: one product in the fused module, the additions in the other.
+        fused.forward(x, x, x, in);
+        three.forward(x, xk, xv, in);
+        const Tensor sum = add(add(b.dquery, b.dkey), b.dvalue);
+        EXPECT_LE(max_abs_diff(fused.backward(r, {}, true).dquery, sum), 4 * k.tol);
+        EXPECT_LE(max_abs_diff(three.backward(r, {}, true).dquery, sum), 4 * k.tol);
+        for (size_t i = 0; i < pa.size(); ++i) EXPECT_LE(max_abs_diff(*pa[i].grad, *pb[i].grad), 2 * k.tol) << pa[i].name;
+      }
+  // Summed needs inputs of one shape: cross-attention over another length is refused.
+  Generator g(1);
+  MultiheadAttention m({.embed_dim = 4, .num_heads = 2, .dtype = DType::float64}, g);
+  const Tensor q = random_tensor({3, 2, 4}, 1), kv = random_tensor({5, 2, 4}, 2);
+  m.forward(q, kv, kv);
+  EXPECT_THROW(m.backward(random_tensor({3, 2, 4}, 3), {}, true), ShapeError);
 }
 
 TEST(MultiheadAttention, BackwardAccumulatesIntoGrads) {

@@ -263,6 +263,10 @@ class MultiheadAttention(torch.nn.Module):
         weights_wanted = need_weights and self.attention["kind"] in ("full", "window")
         step = self._feature_step
 
+        # One tensor as query, key and value (self-attention): passed once, so that the
+        # C++ module projects it in one product and returns its one gradient.
+        inputs = [query] if key is query and value is query else [query, key, value]
+
         def forward(ps, xs, training, seed):
             out, weights, state = proto.forward(ps, *xs, key_padding_mask=kpm, need_weights=weights_wanted,
                                                 attn_mask=am, average_attn_weights=average_attn_weights,
@@ -270,7 +274,7 @@ class MultiheadAttention(torch.nn.Module):
                                                 feature_seed=self._feature_seed, feature_step=step)
             return (out, weights, state) if weights_wanted else (out, state)
 
-        result = _apply(self, proto, [query, key, value], forward)
+        result = _apply(self, proto, inputs, forward)
         if self.training:
             self._feature_step += 1
         return result if weights_wanted else (result, None)

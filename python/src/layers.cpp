@@ -157,6 +157,7 @@ void set_feature_draw(MultiheadAttention& m, uint64_t feature_seed, uint64_t fea
 
 struct MhaState {
   std::shared_ptr<MultiheadAttention> m;
+  bool self = false;  // one tensor as query, key and value: backward returns its one gradient
 };
 struct EncoderState {
   std::shared_ptr<TransformerEncoderLayer> m;
@@ -176,8 +177,9 @@ void bind_mha(py::module_& m) {
             zero_grads(*s.m);
             {
               py::gil_scoped_release nogil;
-              g = s.m->backward(dy, dw);
+              g = s.m->backward(dy, dw, s.self);
             }
+            if (s.self) return py::make_tuple(to_numpy(g.dquery), grads_of(*s.m));
             return py::make_tuple(to_numpy(g.dquery), to_numpy(g.dkey), to_numpy(g.dvalue), grads_of(*s.m));
           },
           py::arg("grad_output"), py::arg("grad_weights") = py::none());
@@ -213,7 +215,10 @@ void bind_mha(py::module_& m) {
             set_feature_draw(*s.m, feature_seed, feature_step);
             // Variants other than full and window compute no weight matrix: none is returned.
             need_weights = need_weights && proto.config().attention.computes_weights();
-            Tensor q = to_tensor(query, fn, "query"), k = to_tensor(key, fn, "key"), v = to_tensor(value, fn, "value");
+            // key and value None: self-attention on query, whose one gradient backward returns.
+            s.self = key.is_none() && value.is_none();
+            const Tensor q = to_tensor(query, fn, "query");
+            const Tensor k = s.self ? q : to_tensor(key, fn, "key"), v = s.self ? q : to_tensor(value, fn, "value");
             const nn::MultiheadAttentionInputs in{.key_padding_mask = to_tensor(key_padding_mask, fn, "key_padding_mask"),
                                                   .need_weights = need_weights,
                                                   .attn_mask = to_tensor(attn_mask, fn, "attn_mask"),
@@ -226,7 +231,7 @@ void bind_mha(py::module_& m) {
             }
             return py::make_tuple(to_numpy(out.output), to_numpy(out.weights), s);
           },
-          py::arg("params"), py::arg("query"), py::arg("key"), py::arg("value"),
+          py::arg("params"), py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
           py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true,
           py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
           py::arg("is_causal") = false, py::arg("training") = false, py::arg("seed") = 0,

@@ -12,6 +12,7 @@
 #include "finite.h"
 #include "mha/dist/context_parallel.h"
 #include "mha/nn/positional.h"
+#include "mha/nn/transformer.h"
 #include "nn/attention_inputs.h"
 #include "nn/multihead_attention_impl.h"
 #include "nn/mixed_precision.h"
@@ -73,7 +74,11 @@ struct MultiheadAttention::Saved {
   Tensor query, key, value;  // operands: the inputs, contiguous
   SeqLayout qs, ks, vs;
   int64_t S_total = 0;        // S + add_bias_kv + add_zero_attn
-  Tensor q, k, v;             // operands: projections (N, L, I), (N, S_total, I), after RoPE
+  // Operands: the projections after RoPE as heads, (N, H, L, hd) and (N, H, S_total, hd):
+  // views of (N, L, I) tensors, or with one input and the packed projection
+  // (fused) of one (N, L, 3I) tensor, each row q, k and v side by side.
+  Tensor q, k, v;
+  bool fused = false;
   Tensor heads;               // operand (N, L, I): the heads concatenated, input of out_proj
   Tensor ungated_heads;       // the heads before the gates (when gated)
   AttentionOptions options;
@@ -294,6 +299,18 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     s.value = same_view(value, key) ? s.key : as_operand<A>(value);
     const std::vector<Tensor> w = product_weights(training_);
     const T* b = ptr_or_null<T>(in_proj_bias);
+    // Self-attention with the packed projection: q, k and v in one product
+    // (x · W_inᵀ, 3I wide), which backward's gradients mirror (one dW, one dx).
+    s.fused = packed_ && s.S_total == S && same_view(key, query) && same_view(value, key) &&
+              !dist::current_sequence_shard();
+    if (s.fused) {
+      Tensor qkv = Tensor::empty({N, L, 3 * I}, c.dtype);
+      project<T, A>(s.query.data<A>(), s.qs, w[0].data<A>(), b, 3 * I, qkv.data<T>());
+      if (c.rotary_base)
+        for (int part : {0, 1}) rotate_positions_(projection_heads(qkv, part, H, hd), 0, *c.rotary_base);
+      const Tensor op = as_operand<A>(qkv);
+      s.q = projection_heads(op, 0, H, hd), s.k = projection_heads(op, 1, H, hd), s.v = projection_heads(op, 2, H, hd);
+    } else {
     // Zeroed only where rows past the projected ones (bias_k/v, the zero row) are.
     const auto kv = [&] { return s.S_total == S ? Tensor::empty({N, S, I}, c.dtype) : Tensor::zeros({N, s.S_total, I}, c.dtype); };
     Tensor q = Tensor::empty({N, L, I}, c.dtype), k = kv(), v = kv();
@@ -323,22 +340,24 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
       rotate_rows(q, H, hd, 0, L, 0, *c.rotary_base);
       rotate_rows(k, H, hd, 0, S, 0, *c.rotary_base);
     }
-    s.q = as_operand<A>(q), s.k = as_operand<A>(k), s.v = as_operand<A>(v);
+    s.q = split_heads(as_operand<A>(q), H, hd), s.k = split_heads(as_operand<A>(k), H, hd);
+    s.v = split_heads(as_operand<A>(v), H, hd);
+    }
     s.heads = Tensor::empty({N, L, I}, s.q.dtype());
     if (s.variant) {
       split_heads(s.heads, H, hd).copy_(
-          variant_forward(kForward, call, split_heads(s.q, H, hd), split_heads(s.k, H, hd), split_heads(s.v, H, hd), *s.variant));
+          variant_forward(kForward, call, s.q, s.k, s.v, *s.variant));
     } else if (const dist::SequenceShard* shard = dist::current_sequence_shard()) {
       // Context parallel: this rank's rows of one sequence; the core is ring attention.
       if (c.rotary_base || !same_view(key, query) || s.S_total != S)
         raise<ValueError>(kForward, "inputs", "self-attention without rotary positions or extra key rows under "
                           "context parallelism", "another kind");
       s.shard = *shard;
-      s.attention = dist::shard_attention_forward(*shard, split_heads(s.q, H, hd), split_heads(s.k, H, hd),
-                                                  split_heads(s.v, H, hd), s.options, kForward);
+      s.attention = dist::shard_attention_forward(*shard, s.q, s.k,
+                                                  s.v, s.options, kForward);
       split_heads(s.heads, H, hd).copy_(s.attention.out);
     } else {
-      s.attention = attention_forward(split_heads(s.q, H, hd), split_heads(s.k, H, hd), split_heads(s.v, H, hd), s.options);
+      s.attention = attention_forward(s.q, s.k, s.v, s.options);
       split_heads(s.heads, H, hd).copy_(s.attention.out);
     }
     if (head_gate_.defined()) {
@@ -391,7 +410,7 @@ MultiheadAttentionOutput MultiheadAttention::forward_without_heads(const Tensor&
   return result;
 }
 
-MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& doutput, const Tensor& dweights) {
+MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& doutput, const Tensor& dweights, bool summed) {
   if (!saved_) throw StateError(std::string("[") + kBackward + "] state: expected a forward call first; got none");
   Saved& s = *saved_;
   const MultiheadAttentionConfig& c = config_;
@@ -408,8 +427,19 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
   if (doutput.shape() != s.output_shape)
     raise<ShapeError>(kBackward, "doutput", "the output's shape " + shape_string(s.output_shape), shape_string(doutput.shape()));
   if (doutput.dtype() != c.dtype) raise<DtypeError>(kBackward, "doutput", to_string(c.dtype), to_string(doutput.dtype()));
+  if (summed && (s.key.shape() != s.query.shape() || s.value.shape() != s.query.shape()))
+    raise<ShapeError>(kBackward, "summed", "query, key and value of one shape " + shape_string(s.query.shape()),
+                      "key " + shape_string(s.key.shape()) + ", value " + shape_string(s.value.shape()));
   const Tensor dy = doutput.contiguous();
   MultiheadAttentionInputGradients g;
+  // Summed where the products did not already sum them (fused projections).
+  const auto finish = [&] {
+    if (summed && g.dkey.defined()) {
+      g.dquery = add(add(g.dquery, g.dkey), g.dvalue);
+      g.dkey = g.dvalue = Tensor{};
+    }
+    return g;
+  };
   if (H == 0) {  // the output is bo: only its gradient is not zero
     g = {.dquery = Tensor::zeros(s.query.shape(), c.dtype), .dkey = Tensor::zeros(s.key.shape(), c.dtype),
          .dvalue = Tensor::zeros(s.value.shape(), c.dtype)};
@@ -423,11 +453,13 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
             for (int64_t e = 0; e < D; ++e)
               out_proj_bias_grad.data<T>()[e] += dy.data<T>()[n * os.batch_stride + l * os.seq_stride + e];
       });
-    return g;
+    return finish();
   }
   g.dquery = Tensor::empty(s.query.shape(), c.dtype);
-  g.dkey = Tensor::empty(s.key.shape(), c.dtype);
-  g.dvalue = Tensor::empty(s.value.shape(), c.dtype);
+  if (!(summed && s.fused)) {
+    g.dkey = Tensor::empty(s.key.shape(), c.dtype);
+    g.dvalue = Tensor::empty(s.value.shape(), c.dtype);
+  }
 
   dispatch_products(c.dtype, c.precision, [&](auto tag, auto operand_tag) {
     using T = decltype(tag);
@@ -478,15 +510,36 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
         if (dw.defined() || bias_grad)
           raise<ValueError>("mha::nn::MultiheadAttention::backward", "dweights", "none under context parallelism",
                             "a weights or bias gradient");
-        ag = dist::shard_attention_backward(*s.shard, split_heads(as_operand<A>(dheads), H, hd), split_heads(s.q, H, hd),
-                                            split_heads(s.k, H, hd), split_heads(s.v, H, hd), s.attention, s.options,
+        ag = dist::shard_attention_backward(*s.shard, split_heads(as_operand<A>(dheads), H, hd), s.q,
+                                            s.k, s.v, s.attention, s.options,
                                             "mha::nn::MultiheadAttention::backward");
       } else {
-        ag = attention_backward(split_heads(as_operand<A>(dheads), H, hd), split_heads(s.q, H, hd),
-                                split_heads(s.k, H, hd), split_heads(s.v, H, hd), s.attention, s.options, bias_grad, dw);
+        ag = attention_backward(split_heads(as_operand<A>(dheads), H, hd), s.q,
+                                s.k, s.v, s.attention, s.options, bias_grad, dw);
       }
     }
     if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
+    if (s.fused) {
+      // q, k and v's gradients side by side as the forward projected them:
+      // W_in's gradient and bias in one product and one sum over 3I columns,
+      // and summed, x's gradient in one product 3I deep.
+      Tensor dqkv = Tensor::empty({N, L, 3 * I}, c.dtype);
+      const Tensor* parts[] = {&ag.dquery, &ag.dkey, &ag.dvalue};
+      for (int part = 0; part < 3; ++part) projection_heads(dqkv, part, H, hd).copy_(*parts[part]);
+      if (c.rotary_base)  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq
+        for (int part : {0, 1}) rotate_positions_(projection_heads(dqkv, part, H, hd), 0, *c.rotary_base, true);
+      const Tensor dqkv_op = as_operand<A>(dqkv);
+      project_weight_backward<T, A>(dqkv.data<T>(), dqkv_op.data<A>(), L, s.query.data<A>(), s.qs, 3 * I,
+                                    in_proj_weight_grad.data<T>(), mut_ptr_or_null<T>(in_proj_bias_grad));
+      if (summed)
+        return project_input_backward<T, A>(dqkv_op.data<A>(), 3 * I, L, s.qs, w[0].data<A>(), 3 * I,
+                                            g.dquery.data<T>());
+      Tensor* dx[] = {&g.dquery, &g.dkey, &g.dvalue};
+      for (int part = 0; part < 3; ++part)
+        project_input_backward<T, A>(dqkv_op.data<A>() + part * I, 3 * I, L, s.qs, w[size_t(part)].data<A>(), I,
+                                     dx[part]->data<T>());
+      return;
+    }
     Tensor dq = Tensor::empty({N, L, I}, c.dtype), dk = Tensor::empty({N, s.S_total, I}, c.dtype),
            dv = Tensor::empty({N, s.S_total, I}, c.dtype);
     split_heads(dq, H, hd).copy_(ag.dquery);
@@ -530,7 +583,7 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
                              g.dvalue.data<T>() + n * s.vs.batch_stride);
     }
   });
-  return g;
+  return finish();
 }
 
 }  // namespace mha::nn

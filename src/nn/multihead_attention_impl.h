@@ -54,25 +54,42 @@ void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t
 
 // Backward of project for rows [0, L) of dy (N, Ly, Y), given as T (for
 // the bias) and as the operand dy_op:
-//   dW += Σ_n dy_nᵀ x_n,  db += Σ_n Σ_l dy_n,  dx_n = dy_n W.
+//   dW += Σ_n dy_nᵀ x_n,  db += Σ_n Σ_l dy_n   (project_weight_backward)
+//   dx_n = dy_n W                              (project_input_backward: dy's
+//                                               rows dy_row apart, Y of them read)
 template <class T, class A>
-void project_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, const A* w,
-                      int64_t Y, T* dw, T* dbias, T* dx) {
+void project_weight_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, int64_t Y,
+                             T* dw, T* dbias) {
   if (rows_in_order(xs) && (xs.N == 1 || Ly == xs.L)) {
     const int64_t rows = xs.N * xs.L;
     cpu::gemm(true, false, Y, xs.X, rows, T(1), dy_op, Y, x, xs.seq_stride, T(1), dw, xs.X);
     if (dbias) add_bias_gradient(dy, rows, Y, dbias);
-    cpu::gemm(false, false, rows, xs.X, Y, T(1), dy_op, Y, w, xs.X, T(0), dx, xs.seq_stride);
     return;
   }
   for (int64_t n = 0; n < xs.N; ++n) {
-    const A* dyn = dy_op + n * Ly * Y;
-    cpu::gemm(true, false, Y, xs.X, xs.L, T(1), dyn, Y, x + n * xs.batch_stride, xs.seq_stride, T(1), dw, xs.X);
+    cpu::gemm(true, false, Y, xs.X, xs.L, T(1), dy_op + n * Ly * Y, Y, x + n * xs.batch_stride, xs.seq_stride, T(1),
+              dw, xs.X);
     if (dbias)
       for (int64_t l = 0; l < xs.L; ++l)
         for (int64_t e = 0; e < Y; ++e) dbias[e] += dy[(n * Ly + l) * Y + e];
-    cpu::gemm(false, false, xs.L, xs.X, Y, T(1), dyn, Y, w, xs.X, T(0), dx + n * xs.batch_stride, xs.seq_stride);
   }
+}
+
+template <class T, class A>
+void project_input_backward(const A* dy_op, int64_t dy_row, int64_t Ly, const SeqLayout& xs, const A* w, int64_t Y,
+                            T* dx) {
+  if (rows_in_order(xs) && (xs.N == 1 || Ly == xs.L))
+    return cpu::gemm(false, false, xs.N * xs.L, xs.X, Y, T(1), dy_op, dy_row, w, xs.X, T(0), dx, xs.seq_stride);
+  for (int64_t n = 0; n < xs.N; ++n)
+    cpu::gemm(false, false, xs.L, xs.X, Y, T(1), dy_op + n * Ly * dy_row, dy_row, w, xs.X, T(0),
+              dx + n * xs.batch_stride, xs.seq_stride);
+}
+
+template <class T, class A>
+void project_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, const A* w,
+                      int64_t Y, T* dw, T* dbias, T* dx) {
+  project_weight_backward<T, A>(dy, dy_op, Ly, x, xs, Y, dw, dbias);
+  project_input_backward<T, A>(dy_op, Y, Ly, xs, w, Y, dx);
 }
 
 // output = heads Woᵀ + bo: heads (N, L, I) contiguous, Wo (D, I), output
@@ -89,6 +106,12 @@ void project_out(const A* heads, int64_t I, const SeqLayout& os, const A* w, con
 // (N, R, H·hd) contiguous  <->  (N, H, R, hd) view of the same memory.
 inline Tensor split_heads(const Tensor& t, int64_t H, int64_t hd) {
   return t.view({t.size(0), t.size(1), H, hd}).permute({0, 2, 1, 3});
+}
+
+// The heads of part (0: q, 1: k, 2: v) of fused projections (N, L, 3·H·hd),
+// each row q, k and v side by side: an (N, H, L, hd) view.
+inline Tensor projection_heads(const Tensor& qkv, int part, int64_t H, int64_t hd) {
+  return qkv.view({qkv.size(0), qkv.size(1), 3, H, hd}).select(2, part).permute({0, 2, 1, 3});
 }
 
 // RoPE through the (N, H, R, hd) view of rows [begin, end) of t (N, R, H·hd),

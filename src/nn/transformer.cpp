@@ -89,9 +89,9 @@ Tensor feed_forward_backward(Linear& l1, ActivationLayer& act, Dropout& inner, L
 // x's gradient is the sum; the gradient of its attn_bias into *dbias.
 Tensor self_attention_backward(MultiheadAttention& attention, Dropout& drop, const Tensor& dy, Tensor& dbias,
                                const Tensor& dweights = {}) {
-  const BlockGradients b = attention_block_backward(attention, drop, dy, dweights);
-  dbias = b.dbias;
-  return add(b.dquery, b.dkv);
+  const MultiheadAttentionInputGradients g = attention.backward(drop.backward(dy), dweights, /*summed=*/true);
+  dbias = g.dattn_bias;
+  return g.dquery;
 }
 
 // One residual block around f: Pre-LN x + f(norm(x)), Post-LN norm(x + f(x))

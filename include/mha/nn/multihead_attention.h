@@ -130,7 +130,12 @@ class MultiheadAttention : public Module {
   // Gradients of the last forward's inputs; adds into every parameter's grad.
   // dweights: the gradient of the returned weights (their shape: averaged or
   // per head, as the forward returned them) when a loss used them.
-  MultiheadAttentionInputGradients backward(const Tensor& doutput, const Tensor& dweights = {});
+  // summed (self-attention, one tensor passed as query, key and value):
+  // dquery holds dquery + dkey + dvalue, and dkey and dvalue are undefined.
+  // With the packed projection (kdim = vdim = embed_dim) and no extra key
+  // rows, that sum costs one product, 3·H·head_dim deep, in place of three
+  // products and two additions. Query, key and value must share a shape.
+  MultiheadAttentionInputGradients backward(const Tensor& doutput, const Tensor& dweights = {}, bool summed = false);
   void release_activations() override { saved_.reset(); }
 
   // Self-attention for decoding (inference: no dropout, nothing saved for
