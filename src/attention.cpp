@@ -198,13 +198,28 @@ std::string to_string(AttentionPath path) {
   return "?";
 }
 
-AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                  const AttentionOptions& options) {
-  const std::string fn = "mha::attention_forward";
+namespace {
+
+// An output the caller gives: shaped, typed and placed as expected, unit last stride.
+void check_output(const Tensor& t, const Shape& shape, DType dtype, const Tensor& query, const std::string& fn,
+                  const char* name) {
+  check_defined(t, fn, name);
+  if (t.shape() != shape) raise<ShapeError>(fn, name, "shape " + shape_string(shape), shape_string(t.shape()));
+  if (t.dtype() != dtype) raise<DtypeError>(fn, name, to_string(dtype), to_string(t.dtype()));
+  if (t.device() != query.device())
+    raise<DeviceError>(fn, name, "the query's device " + to_string(query.device()), to_string(t.device()));
+  if (shape.back() > 1 && t.stride(-1) != 1)
+    raise<ValueError>(fn, name, "unit stride along the last dim", "stride " + std::to_string(t.stride(-1)));
+}
+
+AttentionOutput forward_to(const Tensor* out, const Tensor& query, const Tensor& key, const Tensor& value,
+                           const AttentionOptions& options, const std::string& fn) {
   AttentionParams p = make_params(query, key, value, options, fn);
   p.path = choose_path(p, options.path, false, fn);
+  const Shape out_shape = with_tail(p.batch_shape, {p.L, p.Ev});
+  if (out) check_output(*out, out_shape, p.dtype, query, fn, "out");
   AttentionOutput r;
-  r.out = Tensor::empty(with_tail(p.batch_shape, {p.L, p.Ev}), p.dtype, query.device());
+  r.out = out ? *out : Tensor::empty(out_shape, p.dtype, query.device());
   r.lse = Tensor::empty(with_tail(p.batch_shape, {p.L}), p.compute, query.device());
   if (p.return_weights) r.weights = Tensor::empty(with_tail(p.batch_shape, {p.L, p.S}), p.dtype, query.device());
   r.path = p.path;
@@ -212,10 +227,9 @@ AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const 
   return r;
 }
 
-AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, const Tensor& key,
-                                      const Tensor& value, const AttentionOutput& forward,
-                                      const AttentionOptions& options, bool mask_grad, const Tensor& dweights) {
-  const std::string fn = "mha::attention_backward";
+void backward_to(AttentionGradients& g, bool given, const Tensor& dout, const Tensor& query, const Tensor& key,
+                 const Tensor& value, const AttentionOutput& forward, const AttentionOptions& options, bool mask_grad,
+                 const Tensor& dweights, const std::string& fn) {
   AttentionParams p = make_params(query, key, value, options, fn);
   const Shape out_shape = with_tail(p.batch_shape, {p.L, p.Ev});
   const Shape lse_shape = with_tail(p.batch_shape, {p.L});
@@ -248,13 +262,44 @@ AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, c
     p.dweights = dweights.contiguous();
   }
   p.path = choose_path(p, options.path, mask_grad, fn);
-  AttentionGradients g;
-  g.dquery = Tensor::empty(query.shape(), p.dtype, query.device());
-  g.dkey = Tensor::empty(key.shape(), p.dtype, query.device());
-  g.dvalue = Tensor::empty(value.shape(), p.dtype, query.device());
-  if (mask_grad) g.dmask = Tensor::empty(options.mask.shape(), options.mask.dtype(), query.device());
+  if (given) {
+    check_output(g.dquery, query.shape(), p.dtype, query, fn, "into.dquery");
+    check_output(g.dkey, key.shape(), p.dtype, query, fn, "into.dkey");
+    check_output(g.dvalue, value.shape(), p.dtype, query, fn, "into.dvalue");
+  } else {
+    g.dquery = Tensor::empty(query.shape(), p.dtype, query.device());
+    g.dkey = Tensor::empty(key.shape(), p.dtype, query.device());
+    g.dvalue = Tensor::empty(value.shape(), p.dtype, query.device());
+  }
+  g.dmask = mask_grad ? Tensor::empty(options.mask.shape(), options.mask.dtype(), query.device()) : Tensor{};
   backend_for(query.device(), fn.c_str()).attention_backward(p, dout, forward, g);
+}
+
+}  // namespace
+
+AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                  const AttentionOptions& options) {
+  return forward_to(nullptr, query, key, value, options, "mha::attention_forward");
+}
+
+AttentionOutput attention_forward_into(const Tensor& out, const Tensor& query, const Tensor& key, const Tensor& value,
+                                       const AttentionOptions& options) {
+  return forward_to(&out, query, key, value, options, "mha::attention_forward_into");
+}
+
+AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, const Tensor& key,
+                                      const Tensor& value, const AttentionOutput& forward,
+                                      const AttentionOptions& options, bool mask_grad, const Tensor& dweights) {
+  AttentionGradients g;
+  backward_to(g, false, dout, query, key, value, forward, options, mask_grad, dweights, "mha::attention_backward");
   return g;
+}
+
+void attention_backward_into(AttentionGradients& into, const Tensor& dout, const Tensor& query, const Tensor& key,
+                             const Tensor& value, const AttentionOutput& forward, const AttentionOptions& options,
+                             bool mask_grad, const Tensor& dweights) {
+  backward_to(into, true, dout, query, key, value, forward, options, mask_grad, dweights,
+              "mha::attention_backward_into");
 }
 
 }  // namespace mha

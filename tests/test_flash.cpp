@@ -349,6 +349,74 @@ TEST_P(EachIsa, NonContiguousInputs) {
   check(head({1, 150, 2, 32}, 5), head({1, 140, 2, 32}, 6), head({1, 140, 2, 32}, 7));
 }
 
+// attention_forward_into and attention_backward_into write into views whose
+// rows lie apart (heads of (N, L, slots·E) buffers, one slot left over that
+// must keep its sentinel): the same values as the allocating calls, bit for
+// bit, on the fused tile and by-rows paths, through the reference path
+// (float64, and a NaN that sends the fused call there), and with grouped keys
+// whose gradients are summed (no direct rows). Bad outputs get typed errors.
+TEST_P(EachIsa, IntoViews) {
+  constexpr double kSentinel = 7.25;
+  // An (N, H, R, E) view of an (N, R, H + 1, E) buffer of sentinels.
+  const auto heads = [](int64_t N, int64_t H, int64_t R, int64_t E, DType dtype) {
+    Tensor buffer = Tensor::empty({N, R, H + 1, E}, dtype);
+    buffer.fill_(kSentinel);
+    return std::pair{buffer, buffer.slice(2, 0, H).permute({0, 2, 1, 3})};
+  };
+  const auto untouched = [](const Tensor& buffer) {  // the leftover slot
+    for (double x : buffer.select(2, buffer.size(2) - 1).to_vector())
+      if (x != kSentinel) return false;
+    return true;
+  };
+  const auto same = [](const Tensor& a, const Tensor& b) {  // bit for bit, NaN where NaN
+    const std::vector<double> x = a.to_vector(), y = b.to_vector();
+    EXPECT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) return false;
+    return true;
+  };
+  struct Case {
+    const char* name;
+    DType dtype;
+    int64_t L, S, kv_heads;
+    bool nan;
+  };
+  for (const Case c : {Case{"tiles", DType::float32, 70, 67, 3, false}, Case{"rows", DType::float32, 2, 40, 3, false},
+                       Case{"bfloat16", DType::bfloat16, 70, 67, 3, false}, Case{"grouped", DType::float32, 33, 45, 1, false},
+                       Case{"float64", DType::float64, 21, 19, 3, false}, Case{"nan", DType::float32, 37, 37, 3, true}}) {
+    SCOPED_TRACE(std::string(c.name) + " on " + cpu::to_string(cpu::active_isa()));
+    const int64_t N = 2, H = 3, E = 16;
+    Tensor q = random_tensor({N, H, c.L, E}, 1, c.dtype), k = random_tensor({N, c.kv_heads, c.S, E}, 2, c.dtype),
+           v = random_tensor({N, c.kv_heads, c.S, E}, 3, c.dtype), dout = random_tensor({N, H, c.L, E}, 4, c.dtype);
+    if (c.nan) q.set_item({1, 2, 5, 3}, std::nan(""));
+    const AttentionOptions o{.causal = Causal::bottom_right};
+    const AttentionOutput want = attention_forward(q, k, v, o);
+    auto [out_buffer, out] = heads(N, H, c.L, E, c.dtype);
+    const AttentionOutput got = attention_forward_into(out, q, k, v, o);
+    EXPECT_TRUE(same(got.out, want.out));
+    EXPECT_TRUE(same(out, want.out));
+    EXPECT_TRUE(untouched(out_buffer));
+    EXPECT_EQ(got.path, want.path);
+    const AttentionGradients g = attention_backward(dout, q, k, v, want, o);
+    auto [dq_buffer, dq] = heads(N, H, c.L, E, c.dtype);
+    auto [dk_buffer, dk] = heads(N, c.kv_heads, c.S, E, c.dtype);
+    auto [dv_buffer, dv] = heads(N, c.kv_heads, c.S, E, c.dtype);
+    AttentionGradients into{.dquery = dq, .dkey = dk, .dvalue = dv};
+    attention_backward_into(into, dout, q, k, v, got, o);  // the forward's out is the view
+    EXPECT_TRUE(same(dq, g.dquery));
+    EXPECT_TRUE(same(dk, g.dkey));
+    EXPECT_TRUE(same(dv, g.dvalue));
+    for (const Tensor* b : {&dq_buffer, &dk_buffer, &dv_buffer}) EXPECT_TRUE(untouched(*b));
+  }
+  const Tensor q = random_tensor({1, 2, 5, 8}, 1, DType::float32);
+  EXPECT_THROW(attention_forward_into(Tensor::empty({1, 2, 5, 7}, DType::float32), q, q, q), ShapeError);
+  EXPECT_THROW(attention_forward_into(Tensor::empty({1, 2, 5, 8}, DType::float64), q, q, q), DtypeError);
+  EXPECT_THROW(attention_forward_into(Tensor::empty({1, 2, 8, 5}, DType::float32).transpose(2, 3), q, q, q), ValueError);
+  const AttentionOutput f = attention_forward(q, q, q);
+  AttentionGradients missing{.dquery = Tensor::empty({1, 2, 5, 8}, DType::float32)};
+  EXPECT_THROW(attention_backward_into(missing, q, q, q, q, f), ShapeError);
+}
+
 // Max error against float64 ground truth of out, dq, dk, dv: the fused path in
 // `dtype` must stay within 2× the reference path in `dtype` (which rounds
 // only its results), the gradients within `gradient_factor` ×, on the same

@@ -72,6 +72,14 @@ struct AttentionOutput {
 AttentionOutput attention_forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                   const AttentionOptions& options = {});
 
+// attention_forward writing out into `out`: a tensor shaped (batch…, L, Ev)
+// in the query's dtype and on its device, with unit stride along Ev, whose
+// rows may lie apart, such as the (N, H, L, E) view of the heads of an
+// (N, L, H·E) tensor (MultiheadAttention's heads, written in place). The
+// result's `out` is `out` itself. It must not overlap the inputs.
+AttentionOutput attention_forward_into(const Tensor& out, const Tensor& query, const Tensor& key,
+                                       const Tensor& value, const AttentionOptions& options = {});
+
 struct AttentionGradients {
   Tensor dquery, dkey, dvalue;  // shapes and dtypes of query, key, value
   Tensor dmask;                 // mask's shape; defined when requested for a floating mask
@@ -92,5 +100,14 @@ AttentionGradients attention_backward(const Tensor& dout, const Tensor& query, c
                                       const Tensor& value, const AttentionOutput& forward,
                                       const AttentionOptions& options = {},
                                       bool mask_grad = false, const Tensor& dweights = {});
+
+// attention_backward writing dQ, dK and dV into into.dquery, into.dkey and
+// into.dvalue: tensors shaped, typed and placed as query, key and value, with
+// unit last stride, their rows possibly apart (the q, k and v parts of one
+// (N, L, 3·H·E) buffer, say), none overlapping another or the inputs. The
+// mask's gradient, when asked for, is allocated into into.dmask.
+void attention_backward_into(AttentionGradients& into, const Tensor& dout, const Tensor& query, const Tensor& key,
+                             const Tensor& value, const AttentionOutput& forward, const AttentionOptions& options = {},
+                             bool mask_grad = false, const Tensor& dweights = {});
 
 }  // namespace mha

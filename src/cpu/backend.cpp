@@ -26,7 +26,12 @@ struct CpuBackend final : Backend {
       if (cpu::flash_attention_forward(p, r)) return;
       r.path = AttentionPath::reference;
     }
-    cpu::reference_attention_forward(p, r);
+    if (r.out.is_contiguous()) return cpu::reference_attention_forward(p, r);
+    // out is a view (attention_forward_into): the reference path writes whole rows, then copied in.
+    AttentionOutput whole = r;
+    whole.out = Tensor::empty(r.out.shape(), r.out.dtype());
+    cpu::reference_attention_forward(p, whole);
+    r.out.copy_(whole.out);
   }
   void attention_backward(const AttentionParams& p, const Tensor& dout, const AttentionOutput& fwd,
                           AttentionGradients& g) override {

@@ -11,13 +11,19 @@
 namespace mha::cpu {
 
 // full holds one (rows × cols) block per output batch entry b = 0 … batch-1;
-// grad (contiguous, shaped like the input) receives Σ over the entries that
+// grad (shaped like the input; a view goes through a contiguous copy) receives Σ over the entries that
 // read each of its blocks. Where each block of grad is read by exactly one
 // entry, in order (no broadcast, no grouped heads: every layer's attention),
 // there is nothing to sum: full is converted straight into grad (bfloat16
 // by round_to_bf16, vectorised and threaded), with no accumulator between.
 template <class A>
 void store_reduced(const A* full, const AttentionParams& p, Tensor& grad) {
+  if (!grad.is_contiguous()) {  // a view (attention_backward_into): through a contiguous copy
+    Tensor whole = Tensor::empty(grad.shape(), grad.dtype());
+    store_reduced(full, p, whole);
+    grad.copy_(whole);
+    return;
+  }
   const Shape& shape = grad.shape();
   const int64_t inner = shape[shape.size() - 2] * shape[shape.size() - 1];
   const Shape lead(shape.begin(), shape.end() - 2);

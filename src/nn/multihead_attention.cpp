@@ -356,6 +356,8 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
       s.attention = dist::shard_attention_forward(*shard, s.q, s.k,
                                                   s.v, s.options, kForward);
       split_heads(s.heads, H, hd).copy_(s.attention.out);
+    } else if (!head_gate_.defined()) {  // the heads written in place (the gates would change the saved out)
+      s.attention = attention_forward_into(split_heads(s.heads, H, hd), s.q, s.k, s.v, s.options);
     } else {
       s.attention = attention_forward(s.q, s.k, s.v, s.options);
       split_heads(s.heads, H, hd).copy_(s.attention.out);
@@ -491,7 +493,21 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
     }
     if (s.ungated_heads.defined()) gate_heads_backward(dheads, s.ungated_heads, head_gate_, head_gate_grad_);
     const bool bias_grad = !s.bias_shape.empty();
+    // q, k and v's gradients as (N, ·, I) rows, heads side by side: parts of
+    // one (N, L, 3I) buffer when fused, else three; the attention core writes
+    // its gradients straight into their heads where they share the dtype.
+    Tensor dqkv, dq, dk, dv;
+    if (s.fused) {
+      dqkv = Tensor::empty({N, L, 3 * I}, c.dtype);
+    } else {
+      dq = Tensor::empty({N, L, I}, c.dtype), dk = Tensor::empty({N, s.S_total, I}, c.dtype);
+      dv = Tensor::empty({N, s.S_total, I}, c.dtype);
+    }
+    const auto heads_of = [&](int part) {
+      return s.fused ? projection_heads(dqkv, part, H, hd) : split_heads(part == 0 ? dq : part == 1 ? dk : dv, H, hd);
+    };
     AttentionGradients ag;
+    bool written = false;
     if (s.variant) {
       const VariantGradients vg = variant_backward(*s.variant, split_heads(dheads, H, hd));
       ag = {.dquery = vg.dq, .dkey = vg.dk, .dvalue = vg.dv};
@@ -514,18 +530,25 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
                                             s.k, s.v, s.attention, s.options,
                                             "mha::nn::MultiheadAttention::backward");
       } else {
-        ag = attention_backward(split_heads(as_operand<A>(dheads), H, hd), s.q,
-                                s.k, s.v, s.attention, s.options, bias_grad, dw);
+        const Tensor dout = split_heads(as_operand<A>(dheads), H, hd);
+        if constexpr (std::is_same_v<T, A>) {
+          ag = {.dquery = heads_of(0), .dkey = heads_of(1), .dvalue = heads_of(2)};
+          attention_backward_into(ag, dout, s.q, s.k, s.v, s.attention, s.options, bias_grad, dw);
+          written = true;
+        } else {
+          ag = attention_backward(dout, s.q, s.k, s.v, s.attention, s.options, bias_grad, dw);
+        }
       }
     }
     if (bias_grad) g.dattn_bias = ag.dmask.shape() == s.bias_shape ? ag.dmask : bias_gradient(ag.dmask, s.bias_shape);
+    if (!written) {
+      const Tensor* parts[] = {&ag.dquery, &ag.dkey, &ag.dvalue};
+      for (int part = 0; part < 3; ++part) heads_of(part).copy_(*parts[part]);
+    }
     if (s.fused) {
       // q, k and v's gradients side by side as the forward projected them:
       // W_in's gradient and bias in one product and one sum over 3I columns,
       // and summed, x's gradient in one product 3I deep.
-      Tensor dqkv = Tensor::empty({N, L, 3 * I}, c.dtype);
-      const Tensor* parts[] = {&ag.dquery, &ag.dkey, &ag.dvalue};
-      for (int part = 0; part < 3; ++part) projection_heads(dqkv, part, H, hd).copy_(*parts[part]);
       if (c.rotary_base)  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq
         for (int part : {0, 1}) rotate_positions_(projection_heads(dqkv, part, H, hd), 0, *c.rotary_base, true);
       const Tensor dqkv_op = as_operand<A>(dqkv);
@@ -540,11 +563,6 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
                                      dx[part]->data<T>());
       return;
     }
-    Tensor dq = Tensor::empty({N, L, I}, c.dtype), dk = Tensor::empty({N, s.S_total, I}, c.dtype),
-           dv = Tensor::empty({N, s.S_total, I}, c.dtype);
-    split_heads(dq, H, hd).copy_(ag.dquery);
-    split_heads(dk, H, hd).copy_(ag.dkey);
-    split_heads(dv, H, hd).copy_(ag.dvalue);
     if (c.rotary_base) {  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq
       rotate_rows(dq, H, hd, 0, L, 0, *c.rotary_base, true);
       rotate_rows(dk, H, hd, 0, S, 0, *c.rotary_base, true);

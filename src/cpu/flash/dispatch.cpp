@@ -140,6 +140,30 @@ FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width) {
   return r;
 }
 
+// Where each batch entry's rows of an output lie: out (or a gradient) may be
+// a view with a unit last stride, such as the heads of an (N, L, H·E) tensor.
+struct EntryRows {
+  std::vector<int64_t> offset;  // elements, per batch entry
+  int64_t row = 0;
+};
+
+EntryRows entry_rows(const Tensor& t, const AttentionParams& p) {
+  return {batch_offsets(p.batch_shape, leading(t.shape()), leading(t.strides())), t.stride(-2)};
+}
+
+// Rows of `rows` × `width` per entry, one entry after another.
+EntryRows packed_entries(int64_t batch, int64_t rows, int64_t width) {
+  EntryRows r{std::vector<int64_t>(size_t(batch)), width};
+  for (int64_t b = 0; b < batch; ++b) r.offset[size_t(b)] = b * rows * width;
+  return r;
+}
+
+// rows × width floats (contiguous) rounded into bfloat16 rows `row` apart.
+void store_rows(const float* src, int64_t rows, int64_t width, bfloat16* dst, int64_t row) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t x = 0; x < width; ++x) dst[i * row + x] = bfloat16(src[i * width + x]);
+}
+
 // The kernels for bfloat16 attention, as bf16_products() chooses for the
 // layers' products: on float32 rows of the widened values (widen, also for
 // every other dtype and instruction set), on vdpbf16ps (dot), on AMX (amx).
@@ -234,6 +258,7 @@ bool forward_by_rows(const AttentionParams& p, const Kernels& k, AttentionOutput
   const PerThread queries = per_thread_scratch(ScratchSlot::flash_a, L * E * f);
   const PerThread works = per_thread_scratch(ScratchSlot::flash_b, flash_decode_scratch(S, E) * f);
   const PerThread outs = per_thread_scratch(ScratchSlot::flash_c, float_out ? 0 : L * Ev * f);
+  const EntryRows o = entry_rows(r.out, p);
   bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite) if (p.batch * L * S * (E + Ev) >= (int64_t(1) << 15))
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -249,16 +274,13 @@ bool forward_by_rows(const AttentionParams& p, const Kernels& k, AttentionOutput
     d.mask_row = p.mask_row, d.mask_col = p.mask_col;
     d.i0 = 0, d.rows = L, d.S = S, d.E = E, d.Ev = Ev;
     d.band = band_of(p);
-    d.out = float_out ? r.out.data<float>() + b * L * Ev : static_cast<float*>(own_slice(outs));
-    d.out_row = Ev;
+    d.out = float_out ? r.out.data<float>() + o.offset[size_t(b)] : static_cast<float*>(own_slice(outs));
+    d.out_row = float_out ? o.row : Ev;
     d.lse = r.lse.data<float>() + b * L;
     d.scratch = static_cast<float*>(own_slice(works));
     k.decode_rows(d);
     finite = finite && all_finite(d.out, L, Ev, d.out_row) && all_finite(d.lse, L, true);
-    if (!float_out) {
-      bfloat16* o = r.out.data<bfloat16>() + b * L * Ev;
-      for (int64_t x = 0; x < L * Ev; ++x) o[x] = bfloat16(d.out[x]);
-    }
+    if (!float_out) store_rows(d.out, L, Ev, r.out.data<bfloat16>() + o.offset[size_t(b)], o.row);
   }
   return finite;
 }
@@ -295,6 +317,7 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const PerThread works = per_thread_scratch(ScratchSlot::flash_b, (flash_forward_scratch(E, Ev, br) + flash_bf16_scratch(br)) * f);
   const PerThread outs = per_thread_scratch(ScratchSlot::flash_c, float_out ? 0 : br * Ev * f);
   const PerThread weight_tiles = per_thread_scratch(ScratchSlot::flash_d, float_out || !p.return_weights ? 0 : br * S * f);
+  const EntryRows o = entry_rows(r.out, p);
 
   bool finite = true;
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
@@ -322,16 +345,13 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     t.i0 = i0, t.rows = rows, t.S = S, t.E = E, t.Ev = Ev, t.br = br;
     t.band = band_of(p);
     if (p.dropout_p > 0) t.dropout = {&fill_dropout, &drop};
-    t.out = float_out ? r.out.data<float>() + (b * L + i0) * Ev : static_cast<float*>(own_slice(outs));
-    t.out_row = Ev;
+    t.out = float_out ? r.out.data<float>() + o.offset[size_t(b)] + i0 * o.row : static_cast<float*>(own_slice(outs));
+    t.out_row = float_out ? o.row : Ev;
     t.lse = lse + b * L + i0;
     t.scratch = static_cast<float*>(own_slice(works));
     forward_tile(t);
     finite = finite && all_finite(t.out, rows, Ev, t.out_row) && all_finite(t.lse, rows, true);
-    if (!float_out) {
-      bfloat16* o = r.out.data<bfloat16>() + (b * L + i0) * Ev;
-      for (int64_t x = 0; x < rows * Ev; ++x) o[x] = bfloat16(t.out[x]);
-    }
+    if (!float_out) store_rows(t.out, rows, Ev, r.out.data<bfloat16>() + o.offset[size_t(b)] + i0 * o.row, o.row);
     if (p.return_weights) {  // a second pass: P = exp(s - lse), now that lse is known
       t.weights = float_out ? r.weights.data<float>() + (b * L + i0) * S : static_cast<float*>(own_slice(weight_tiles));
       t.weights_row = S;
@@ -353,11 +373,16 @@ struct BackwardPlan {
   Kernels kernels;
   int64_t br, L, S, E, Ev, tiles, L_pad, E_pad, Ev_pad;
   FloatRows keys, values, queries, douts;
-  Tensor out, lse;
+  Tensor out, lse;  // out as the forward left it (perhaps a view: rows per out_rows)
+  EntryRows out_rows;
+  // The gradients' float rows, per batch entry: the outputs themselves or buffers.
   float* dq_base;
   float* dk_base;
   float* dv_base;
-  int64_t dq_pitch;
+  EntryRows dq_rows, dk_rows, dv_rows;
+  float* dq_at(int64_t b) const { return dq_base + dq_rows.offset[size_t(b)]; }
+  float* dk_at(int64_t b) const { return dk_base + dk_rows.offset[size_t(b)]; }
+  float* dv_at(int64_t b) const { return dv_base + dv_rows.offset[size_t(b)]; }
   uint32_t threshold;
   float drop_scale;
   // A bfloat16 kernel (kernel16 dot or amx) reads these instead of the float rows.
@@ -448,12 +473,12 @@ struct BackwardPlan {
     const Loader dl = bf16() ? Loader{dout16.data<bfloat16>() + b * L * Ev, p.dtype} : Loader{douts.at(b), DType::float32};
     const int64_t d_row = bf16() ? Ev : douts.row;
     dl.typed(0, [&](const auto* d_rows) {
-      o.typed(b * L * Ev, [&](const auto* out_rows) {
+      o.typed(out_rows.offset[size_t(b)], [&](const auto* o_rows) {
         for (int64_t i = 0; i < L_pad; ++i) {
           double part[4] = {};
           if (i < L) {
             const auto* dr = d_rows + i * d_row;
-            const auto* orow = out_rows + i * Ev;
+            const auto* orow = o_rows + i * out_rows.row;
             int64_t e = 0;
             for (; e + 4 <= Ev; e += 4)
               for (int u = 0; u < 4; ++u) part[u] += double(float(dr[e + u])) * double(float(orow[e + u]));
@@ -486,9 +511,9 @@ struct BackwardPlan {
     h.scale = float(p.scale);
     h.band = band_of(p);
     if (p.dropout_p > 0) h.dropout = {&fill_dropout, &drop};
-    h.dq = dq_base + b * L * dq_pitch, h.dq_row = dq_pitch;
-    h.dk = dk_base + b * S * E, h.dk_row = E;
-    h.dv = dv_base + b * S * Ev, h.dv_row = Ev;
+    h.dq = dq_at(b), h.dq_row = dq_rows.row;
+    h.dk = dk_at(b), h.dk_row = dk_rows.row;
+    h.dv = dv_at(b), h.dv_row = dv_rows.row;
     h.scratch = scratch;
     h.key_begin = 0, h.key_end = S, h.query_begin = 0, h.query_end = L;
     h.want_dkdv = h.want_dq = true;
@@ -584,13 +609,16 @@ bool add_weights_gradient(const BackwardPlan& plan) {
         if (hi <= lo) continue;
         logit_gradient(b, c0, rows, G);
         gemm<float>(false, false, rows, E, hi - lo, 1.0f, G + lo, S, plan.keys.at(b) + lo * plan.keys.row,
-                    plan.keys.row, 1.0f, plan.dq_base + (b * L + c0) * plan.dq_pitch, plan.dq_pitch);
+                    plan.keys.row, 1.0f, plan.dq_at(b) + c0 * plan.dq_rows.row, plan.dq_rows.row);
         gemm<float>(true, false, hi - lo, E, rows, 1.0f, G + lo, S, plan.queries.at(b) + c0 * plan.queries.row,
-                    plan.queries.row, 1.0f, plan.dk_base + (b * S + lo) * E, E);
+                    plan.queries.row, 1.0f, plan.dk_at(b) + lo * plan.dk_rows.row, plan.dk_rows.row);
       }
     });
   errors.rethrow();
-  return all_finite(plan.dq_base, p.batch * L, E, plan.dq_pitch) && all_finite(plan.dk_base, p.batch * S, E, E);
+  bool finite = true;
+  for (int64_t b = 0; b < p.batch; ++b)
+    finite = finite && all_finite(plan.dq_at(b), L, E, plan.dq_rows.row) && all_finite(plan.dk_at(b), S, E, plan.dk_rows.row);
+  return finite;
 }
 
 }  // namespace
@@ -602,8 +630,14 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   const int64_t tiles = (L + br - 1) / br, E_pad = round_up(E, W), Ev_pad = round_up(Ev, W);
   // Gradients go straight into the outputs when they are float32 rows that
   // need no reduction; else into per-entry buffers folded at the end.
+  // dQ, added to once per key tile, only where its rows are compact: rows
+  // apart (the heads of an (N, L, H·E) buffer, 1 KiB and more) share a few
+  // of L1's sets, and the dQ tile fell out of L1 between its additions
+  // (training at L = 2040, 3% fewer tokens/s); those go through the buffer
+  // and are copied in at the end, once.
   const bool f32 = p.dtype == DType::float32;
-  const bool direct_q = f32 && E == E_pad && one_to_one(p.q, p);
+  const bool q_rows = f32 && E == E_pad && one_to_one(p.q, p);
+  const bool direct_q = q_rows && g.dquery.stride(-2) == E_pad;
   const bool direct_k = f32 && one_to_one(p.k, p), direct_v = f32 && one_to_one(p.v, p);
   // (Tensors, not vectors: the allocator's cached blocks, where a vector's
   // fresh pages each faulted, 120-280 MiB a step of the wide model in bf16.)
@@ -620,16 +654,22 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   const auto rows = [&](const Tensor& t, int64_t width) { return bf16 ? FloatRows{} : float_rows(t, p, width); };
   BackwardPlan plan{p, k, br, L, S, E, Ev, tiles, tiles * br, E_pad, Ev_pad,
                     rows(p.k, E_pad), rows(p.v, Ev), rows(p.q, E_pad), rows(dout_t, Ev_pad),
-                    fwd.out.contiguous(), fwd.lse.contiguous(),
+                    fwd.out, fwd.lse.contiguous(), entry_rows(fwd.out, p),
                     (direct_q ? g.dquery : dq_full).data<float>(), (direct_k ? g.dkey : dk_full).data<float>(),
-                    (direct_v ? g.dvalue : dv_full).data<float>(), direct_q ? E : E_pad,
+                    (direct_v ? g.dvalue : dv_full).data<float>(),
+                    direct_q ? entry_rows(g.dquery, p) : packed_entries(p.batch, L, E_pad),
+                    direct_k ? entry_rows(g.dkey, p) : packed_entries(p.batch, S, E),
+                    direct_v ? entry_rows(g.dvalue, p) : packed_entries(p.batch, S, Ev),
                     dropout_threshold(p.dropout_p), float(1.0 / (1.0 - p.dropout_p))};
   if (bf16) plan.use_bf16_kernel(kernel16, dout_t);
   void (*backward_head)(const FlashBackwardHead&) = rows_kernel                    ? k.backward_rows
                                                     : kernel16 == Bf16Products::amx ? &flash_backward_head_amx
                                                     : bf16                         ? &flash_backward_head_bf16_avx512
                                                                                    : k.backward_head;
-  std::memset(plan.dq_base, 0, size_t(p.batch * L * plan.dq_pitch) * sizeof(float));
+  // dQ accumulates: its rows (E_pad wide either way) start at zero, on every thread.
+#pragma omp parallel for schedule(static) if (p.batch * L * E_pad >= (int64_t(1) << 16))
+  for (int64_t row = 0; row < p.batch * L; ++row)
+    std::memset(plan.dq_at(row / L) + row % L * plan.dq_rows.row, 0, size_t(E_pad) * sizeof(float));
   const int64_t packed = plan.packed_floats();
   const int64_t scratch = rows_kernel ? flash_rows_backward_scratch(S, E_pad, Ev_pad)
                           : flash_backward_scratch(E_pad, Ev_pad, br) +
@@ -686,7 +726,14 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
     }
   }
   if (p.dweights.defined()) finite = finite && add_weights_gradient(plan);
-  if (!direct_q) {  // drop the padding, then fold
+  if (q_rows && !direct_q) {  // compact rows into rows apart
+    const EntryRows to = entry_rows(g.dquery, p);
+    float* dq = g.dquery.data<float>();
+#pragma omp parallel for schedule(static) if (p.batch * L * E >= (int64_t(1) << 16))
+    for (int64_t row = 0; row < p.batch * L; ++row)
+      std::memcpy(dq + to.offset[size_t(row / L)] + row % L * to.row, plan.dq_at(row / L) + row % L * E_pad,
+                  size_t(E) * sizeof(float));
+  } else if (!direct_q) {  // drop the padding, then fold
     const float* padded = dq_full.data<float>();
     if (E != E_pad) {
       Tensor compact = Tensor::empty({p.batch * L * E}, DType::float32);
