@@ -633,8 +633,8 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   // dQ, added to once per key tile, only where its rows are compact: rows
   // apart (the heads of an (N, L, H·E) buffer, 1 KiB and more) share a few
   // of L1's sets, and the dQ tile fell out of L1 between its additions
-  // (training at L = 2040: about 2% fewer tokens/s, medians of four alternating runs); those go through the buffer
-  // and are copied in at the end, once.
+  // (training at L = 2040: about 2% fewer tokens/s, medians of four
+  // alternating runs); those go through the buffer, copied in once at the end.
   const bool f32 = p.dtype == DType::float32;
   const bool q_rows = f32 && E == E_pad && one_to_one(p.q, p);
   const bool direct_q = q_rows && g.dquery.stride(-2) == E_pad;
