@@ -1,5 +1,7 @@
 // Layers: values against closed forms, finite-difference gradients of every
 // input and parameter in double, modes and errors.
+#include <omp.h>
+
 #include <cstdio>
 
 #include "testing.h"
@@ -339,6 +341,40 @@ TEST(TransformerDecoderLayer, GradientsOfTargetMemoryAndParameters) {
       }
       std::printf("  decoder layer %-24s worst relative gradient error %.1e\n", name.c_str(), worst);
     }
+}
+
+// At sizes that split the work over threads: the embedding's scatter-add by
+// column blocks and the sinusoidal add by rows give, on one thread and on
+// two, exactly what plain loops give (every sum in row order).
+TEST(Embedding, ScatterAddAndPositionsOnThreadsAsPlainLoops) {
+  const int64_t V = 37, D = 200, N = 3, L = 211;
+  Tensor ids = Tensor::empty({N, L}, DType::int64);
+  for (int64_t i = 0; i < N * L; ++i) ids.data<int64_t>()[i] = (i * 7 + i / 5) % V;
+  const Tensor dy = random_tensor({N, L, D}, 4, DType::float32);
+  std::vector<float> want(size_t(V * D), 0.0f);
+  for (int64_t i = 0; i < N * L; ++i) {
+    const int64_t id = ids.data<int64_t>()[i];
+    if (id == 3) continue;  // padding
+    for (int64_t d = 0; d < D; ++d) want[size_t(id * D + d)] += dy.data<float>()[i * D + d];
+  }
+  const Tensor x = random_tensor({N, L, D}, 5, DType::float32);
+  const Tensor pe = sinusoidal_encoding(L, D, DType::float32, 9);
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    omp_set_num_threads(threads);
+    Generator g(1);
+    Embedding emb({.num_embeddings = V, .embedding_dim = D, .padding_idx = 3, .dtype = DType::float32}, g);
+    emb.forward(ids);
+    emb.backward(dy);
+    for (int64_t x_ = 0; x_ < V * D; ++x_) ASSERT_EQ(emb.weight_grad.data<float>()[x_], want[size_t(x_)]) << x_;
+    const Tensor y = add_sinusoidal_encoding(x, true, 9);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t d = 0; d < D; d += 13)
+          ASSERT_EQ(y.item({n, l, d}), double(float(x.item({n, l, d}) + pe.item({l, d}))));
+  }
+  omp_set_num_threads(before);
 }
 
 TEST(Positional, SinusoidalAsDefined) {

@@ -49,13 +49,17 @@ Tensor sinusoidal_table(int64_t rows, int64_t D, DType dtype) {
   return table;
 }
 
+void check_table_rows(const char* fn, int64_t L, int64_t D, int64_t offset) {
+  if (L <= 0) raise<ValueError>(fn, "L", "> 0", std::to_string(L));
+  if (D <= 0) raise<ValueError>(fn, "D", "> 0", std::to_string(D));
+  if (offset < 0) raise<ValueError>(fn, "offset", ">= 0", std::to_string(offset));
+}
+
 }  // namespace
 
 Tensor sinusoidal_encoding(int64_t L, int64_t D, DType dtype, int64_t offset) {
   const char* fn = "mha::nn::sinusoidal_encoding";
-  if (L <= 0) raise<ValueError>(fn, "L", "> 0", std::to_string(L));
-  if (D <= 0) raise<ValueError>(fn, "D", "> 0", std::to_string(D));
-  if (offset < 0) raise<ValueError>(fn, "offset", ">= 0", std::to_string(offset));
+  check_table_rows(fn, L, D, offset);
   check_layer_dtype(dtype, fn);
   return sinusoidal_table(offset + L, D, dtype).slice(0, offset, offset + L).clone();
 }
@@ -69,17 +73,19 @@ Tensor add_sinusoidal_encoding(const Tensor& x_in, bool batch_first, int64_t off
   const Tensor x = x_in.contiguous();
   const int64_t D = x.size(-1), L = x.dim() == 3 && batch_first ? x.size(1) : x.size(0);
   const int64_t N = x.dim() == 3 ? (batch_first ? x.size(0) : x.size(1)) : 1;
-  const Tensor pe = sinusoidal_encoding(L, D, x.dtype(), offset);
+  check_table_rows(fn, L, D, offset);
+  // The shared table itself (read only, no copy); rows on both threads.
+  const Tensor pe = sinusoidal_table(offset + L, D, x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T *src = x.data<T>(), *p = pe.data<T>();
+    const T *src = x.data<T>(), *p = pe.data<T>() + offset * D;
     T* dst = out.data<T>();
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t l = 0; l < L; ++l) {
-        const int64_t row = batch_first ? n * L + l : l * N + n;
-        for (int64_t e = 0; e < D; ++e) dst[row * D + e] = src[row * D + e] + p[l * D + e];
-      }
+#pragma omp parallel for schedule(static) if (N * L * D >= (int64_t(1) << 16))
+    for (int64_t nl = 0; nl < N * L; ++nl) {
+      const int64_t n = nl / L, l = nl % L, row = batch_first ? n * L + l : l * N + n;
+      for (int64_t e = 0; e < D; ++e) dst[row * D + e] = src[row * D + e] + p[l * D + e];
+    }
   });
   return out;
 }

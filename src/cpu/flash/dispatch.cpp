@@ -641,11 +641,12 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   const bool direct_k = f32 && one_to_one(p.k, p), direct_v = f32 && one_to_one(p.v, p);
   // (Tensors, not vectors: the allocator's cached blocks, where a vector's
   // fresh pages each faulted, 120-280 MiB a step of the wide model in bf16.)
-  const auto buffer = [](bool direct, int64_t floats) {
-    return direct ? Tensor() : Tensor::zeros({floats}, DType::float32);
+  // dQ's is zeroed below, on every thread.
+  const auto buffer = [](bool direct, int64_t floats, bool zeroed) {
+    return direct ? Tensor() : zeroed ? Tensor::zeros({floats}, DType::float32) : Tensor::empty({floats}, DType::float32);
   };
-  Tensor dq_full = buffer(direct_q, p.batch * L * E_pad), dk_full = buffer(direct_k, p.batch * S * E),
-               dv_full = buffer(direct_v, p.batch * S * Ev);
+  Tensor dq_full = buffer(direct_q, p.batch * L * E_pad, false), dk_full = buffer(direct_k, p.batch * S * E, true),
+         dv_full = buffer(direct_v, p.batch * S * Ev, true);
   // A bfloat16 kernel where its products pay (not for a loss on the
   // returned weights: their share runs on float32 rows).
   const bool rows_kernel = by_rows(p, k.width) && !p.dweights.defined();
