@@ -131,6 +131,35 @@ TEST(Activations, ValuesAndGradients) {
   check_layer_gradients(gelu_tanh, random_tensor({3, 4}, 3), "GELU tanh");
 }
 
+// The bias gradient summed in the activation's sweep: in float32 exactly the
+// Linear's own column sums (same blocks, same order), added to what was there;
+// in float64 the reference loop's. Linear then leaves its bias gradient alone.
+TEST(Activations, BiasGradientInTheBackwardSweep) {
+  for (DType dtype : {DType::float32, DType::float64})
+    for (bool tanh : {false, true}) {
+      SCOPED_TRACE(to_string(dtype) + (tanh ? " tanh" : ""));
+      Generator g1(4), g2(4);
+      const LinearConfig config{.in_features = 24, .out_features = 40, .dtype = dtype};
+      Linear a(config, g1), b(config, g2);
+      const GELU::Approximate kind = tanh ? GELU::Approximate::tanh : GELU::Approximate::none;
+      GELU act_a(kind), act_b(kind);
+      const Tensor x = random_tensor({7, 300, 24}, 5, dtype), r = random_tensor({7, 300, 40}, 6, dtype);
+      a.bias_grad.fill_(0.5), b.bias_grad.fill_(0.5);  // added to, not overwritten
+      act_a.forward(a.forward(x));
+      act_b.forward(b.forward(x));
+      const Tensor dxa = a.backward(act_a.backward(r, a.bias_grad), /*bias_grad_added=*/true);
+      const Tensor dxb = b.backward(act_b.backward(r));
+      EXPECT_EQ(max_abs_diff(a.bias_grad, b.bias_grad), 0.0);
+      EXPECT_EQ(max_abs_diff(a.weight_grad, b.weight_grad), 0.0);
+      EXPECT_EQ(max_abs_diff(dxa, dxb), 0.0);
+    }
+  GELU gelu;
+  gelu.forward(random_tensor({3, 4}, 1));
+  Tensor wrong = Tensor::zeros({5}, DType::float64), wrong_type = Tensor::zeros({4}, DType::float32);
+  EXPECT_THROW(gelu.backward(random_tensor({3, 4}, 2), wrong), ShapeError);
+  EXPECT_THROW(gelu.backward(random_tensor({3, 4}, 2), wrong_type), DtypeError);
+}
+
 TEST(Dropout, TrainingEvaluationAndGradient) {
   Generator g(3);
   Dropout drop(0.3, g);

@@ -38,7 +38,9 @@ TEST(Tensor, LargeAllocationsStartOnHugePageBoundaries) {
   for (int64_t floats : {(int64_t(3) << 20) / 4, int64_t(1) << 20, (int64_t(5) << 20) / 4 + 3, int64_t(9) << 20}) {
     Tensor t = Tensor::empty({floats}, DType::float32);
     const bool huge = floats * 4 >= (int64_t(4) << 20);
-    if (huge) EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % (uintptr_t(2) << 20), 0u) << floats;
+    if (huge) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % (uintptr_t(2) << 20), 0u) << floats;
+    }
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % 64, 0u) << floats;
     t.fill_(1.5);
     EXPECT_EQ(t.item({floats - 1}), 1.5);

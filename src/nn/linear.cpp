@@ -58,7 +58,7 @@ Tensor Linear::forward(const Tensor& x) {
   return y;
 }
 
-Tensor Linear::backward(const Tensor& dy_in) {
+Tensor Linear::backward(const Tensor& dy_in, bool bias_grad_added) {
   const int64_t in = config_.in_features, out = config_.out_features;
   Shape out_shape = saved_x_.defined() ? saved_x_.shape() : Shape{};
   if (!out_shape.empty()) out_shape.back() = out;
@@ -72,7 +72,7 @@ Tensor Linear::backward(const Tensor& dy_in) {
     const Tensor d = as_operand<A>(dy);
     const Tensor& w = weight_operand<A>(weight, bf16_, 0, false);
     cpu::gemm(true, false, out, in, rows, T(1), d.data<A>(), out, saved_x_.data<A>(), in, T(1), weight_grad.data<T>(), in);
-    if (bias.defined()) add_bias_gradient(dy.data<T>(), rows, out, bias_grad.data<T>());
+    if (bias.defined() && !bias_grad_added) add_bias_gradient(dy.data<T>(), rows, out, bias_grad.data<T>());
     cpu::gemm(false, false, rows, in, out, T(1), d.data<A>(), out, w.data<A>(), in, T(0), dx.data<T>(), in);
   });
   return dx;

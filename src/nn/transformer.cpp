@@ -80,9 +80,13 @@ Tensor feed_forward(Linear& l1, ActivationLayer& act, Dropout& inner, Linear& l2
   return out_drop.forward(l2.forward(inner.forward(act.forward(l1.forward(x)))));
 }
 
+// linear1's bias gradient is summed in the activation's backward sweep (one
+// pass less over the (rows × dim_feedforward) gradient).
 Tensor feed_forward_backward(Linear& l1, ActivationLayer& act, Dropout& inner, Linear& l2, Dropout& out_drop,
                              const Tensor& dy) {
-  return l1.backward(act.backward(inner.backward(l2.backward(out_drop.backward(dy)))));
+  const Tensor g = inner.backward(l2.backward(out_drop.backward(dy)));
+  if (!l1.bias_grad.defined()) return l1.backward(act.backward(g));
+  return l1.backward(act.backward(g, l1.bias_grad), /*bias_grad_added=*/true);
 }
 
 // A self-attention block's backward: x fed it as query, key and value, so

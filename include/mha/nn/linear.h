@@ -27,7 +27,9 @@ class Linear : public Module {
   std::vector<NamedParameter> named_parameters() override;
 
   Tensor forward(const Tensor& x);
-  Tensor backward(const Tensor& dy);
+  // bias_grad_added: bias_grad already holds this call's share (added by the
+  // activation that took this layer's output, in its backward's sweep).
+  Tensor backward(const Tensor& dy, bool bias_grad_added = false);
   void train(bool on = true) override;  // also drops the bfloat16 weight copy
   void release_activations() override { saved_x_ = Tensor(); }
 

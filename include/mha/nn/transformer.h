@@ -60,6 +60,9 @@ class ActivationLayer : public Module {
   explicit ActivationLayer(Activation kind) : kind_(kind) {}
   Tensor forward(const Tensor& x) { return kind_ == Activation::relu ? relu_.forward(x) : gelu_.forward(x); }
   Tensor backward(const Tensor& dy) { return kind_ == Activation::relu ? relu_.backward(dy) : gelu_.backward(dy); }
+  Tensor backward(const Tensor& dy, Tensor& bias_grad) {  // see activation.h
+    return kind_ == Activation::relu ? relu_.backward(dy, bias_grad) : gelu_.backward(dy, bias_grad);
+  }
   void release_activations() override {
     relu_.release_activations();
     gelu_.release_activations();
