@@ -11,22 +11,40 @@
 namespace mha::cpu {
 
 // full holds one (rows × cols) block per output batch entry b = 0 … batch-1;
-// grad (shaped like the input; a view goes through a contiguous copy) receives Σ over the entries that
-// read each of its blocks. Where each block of grad is read by exactly one
-// entry, in order (no broadcast, no grouped heads: every layer's attention),
-// there is nothing to sum: full is converted straight into grad (bfloat16
-// by round_to_bf16, vectorised and threaded), with no accumulator between.
+// grad (shaped like the input) receives Σ over the entries that read each of
+// its blocks. Where each block of grad is read by exactly one entry, in order
+// (no broadcast, no grouped heads: every layer's attention), there is nothing
+// to sum: full is converted straight into grad (bfloat16 by round_to_bf16,
+// vectorised and threaded), with no accumulator between; into a view with
+// one block per entry (attention_backward_into: rows apart, unit last
+// stride) row by row. Sums into another view go through a contiguous copy.
 template <class A>
 void store_reduced(const A* full, const AttentionParams& p, Tensor& grad) {
-  if (!grad.is_contiguous()) {  // a view (attention_backward_into): through a contiguous copy
-    Tensor whole = Tensor::empty(grad.shape(), grad.dtype());
-    store_reduced(full, p, whole);
-    grad.copy_(whole);
+  const Shape& shape = grad.shape();
+  const Shape lead(shape.begin(), shape.end() - 2);
+  if (!grad.is_contiguous()) {
+    if (lead != p.batch_shape) {
+      Tensor whole = Tensor::empty(shape, grad.dtype());
+      store_reduced(full, p, whole);
+      grad.copy_(whole);
+      return;
+    }
+    const Shape& strides = grad.strides();
+    const std::vector<int64_t> at = batch_offsets(p.batch_shape, lead, Shape(strides.begin(), strides.end() - 2));
+    const int64_t rows = shape[shape.size() - 2], cols = shape.back(), row = grad.stride(-2);
+    dispatch_dtype(grad.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
+        T* dst = grad.data<T>();
+#pragma omp parallel for schedule(static) if (int64_t(at.size()) * rows * cols >= (int64_t(1) << 16))
+        for (int64_t r = 0; r < int64_t(at.size()) * rows; ++r)
+          for (int64_t x = 0; x < cols; ++x)
+            dst[at[size_t(r / rows)] + r % rows * row + x] = store_as<T>(full[r * cols + x]);
+      }
+    });
     return;
   }
-  const Shape& shape = grad.shape();
   const int64_t inner = shape[shape.size() - 2] * shape[shape.size() - 1];
-  const Shape lead(shape.begin(), shape.end() - 2);
   const Shape strides = contiguous_strides(shape);
   const std::vector<int64_t> offset = batch_offsets(p.batch_shape, lead, Shape(strides.begin(), strides.end() - 2));
   bool in_order = int64_t(offset.size()) * inner == grad.numel();

@@ -311,50 +311,50 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
       const Tensor op = as_operand<A>(qkv);
       s.q = projection_heads(op, 0, H, hd), s.k = projection_heads(op, 1, H, hd), s.v = projection_heads(op, 2, H, hd);
     } else {
-    // Zeroed only where rows past the projected ones (bias_k/v, the zero row) are.
-    const auto kv = [&] { return s.S_total == S ? Tensor::empty({N, S, I}, c.dtype) : Tensor::zeros({N, s.S_total, I}, c.dtype); };
-    Tensor q = Tensor::empty({N, L, I}, c.dtype), k = kv(), v = kv();
-    project<T, A>(s.query.data<A>(), s.qs, w[0].data<A>(), b, I, q.data<T>());
-    // k and v hold S_total rows per batch entry: project each entry's S rows,
-    // then bias_k / bias_v, then the zero row (already zero).
-    if (s.S_total == S) {
-      project<T, A>(s.key.data<A>(), s.ks, w[1].data<A>(), b ? b + I : nullptr, I, k.data<T>());
-      project<T, A>(s.value.data<A>(), s.vs, w[2].data<A>(), b ? b + 2 * I : nullptr, I, v.data<T>());
-    }
-    for (int64_t n = 0; n < N && s.S_total != S; ++n) {
-      SeqLayout one = s.ks;
-      one.N = 1;
-      project<T, A>(s.key.data<A>() + n * s.ks.batch_stride, one, w[1].data<A>(), b ? b + I : nullptr, I,
-                    k.data<T>() + n * s.S_total * I);
-      one = s.vs;
-      one.N = 1;
-      project<T, A>(s.value.data<A>() + n * s.vs.batch_stride, one, w[2].data<A>(), b ? b + 2 * I : nullptr, I,
-                    v.data<T>() + n * s.S_total * I);
-      if (c.add_bias_kv)
-        for (int64_t e = 0; e < I; ++e) {
-          k.data<T>()[(n * s.S_total + S) * I + e] = bias_k.data<T>()[e];
-          v.data<T>()[(n * s.S_total + S) * I + e] = bias_v.data<T>()[e];
-        }
-    }
-    if (c.rotary_base) {
-      rotate_rows(q, H, hd, 0, L, 0, *c.rotary_base);
-      rotate_rows(k, H, hd, 0, S, 0, *c.rotary_base);
-    }
-    s.q = split_heads(as_operand<A>(q), H, hd), s.k = split_heads(as_operand<A>(k), H, hd);
-    s.v = split_heads(as_operand<A>(v), H, hd);
+      // Zeroed only where rows past the projected ones (bias_k/v, the zero row) are.
+      const auto kv = [&] {
+        return s.S_total == S ? Tensor::empty({N, S, I}, c.dtype) : Tensor::zeros({N, s.S_total, I}, c.dtype);
+      };
+      Tensor q = Tensor::empty({N, L, I}, c.dtype), k = kv(), v = kv();
+      project<T, A>(s.query.data<A>(), s.qs, w[0].data<A>(), b, I, q.data<T>());
+      // k and v hold S_total rows per batch entry: project each entry's S rows,
+      // then bias_k / bias_v, then the zero row (already zero).
+      if (s.S_total == S) {
+        project<T, A>(s.key.data<A>(), s.ks, w[1].data<A>(), b ? b + I : nullptr, I, k.data<T>());
+        project<T, A>(s.value.data<A>(), s.vs, w[2].data<A>(), b ? b + 2 * I : nullptr, I, v.data<T>());
+      }
+      for (int64_t n = 0; n < N && s.S_total != S; ++n) {
+        SeqLayout one = s.ks;
+        one.N = 1;
+        project<T, A>(s.key.data<A>() + n * s.ks.batch_stride, one, w[1].data<A>(), b ? b + I : nullptr, I,
+                      k.data<T>() + n * s.S_total * I);
+        one = s.vs;
+        one.N = 1;
+        project<T, A>(s.value.data<A>() + n * s.vs.batch_stride, one, w[2].data<A>(), b ? b + 2 * I : nullptr, I,
+                      v.data<T>() + n * s.S_total * I);
+        if (c.add_bias_kv)
+          for (int64_t e = 0; e < I; ++e) {
+            k.data<T>()[(n * s.S_total + S) * I + e] = bias_k.data<T>()[e];
+            v.data<T>()[(n * s.S_total + S) * I + e] = bias_v.data<T>()[e];
+          }
+      }
+      if (c.rotary_base) {
+        rotate_rows(q, H, hd, 0, L, 0, *c.rotary_base);
+        rotate_rows(k, H, hd, 0, S, 0, *c.rotary_base);
+      }
+      s.q = split_heads(as_operand<A>(q), H, hd), s.k = split_heads(as_operand<A>(k), H, hd);
+      s.v = split_heads(as_operand<A>(v), H, hd);
     }
     s.heads = Tensor::empty({N, L, I}, s.q.dtype());
     if (s.variant) {
-      split_heads(s.heads, H, hd).copy_(
-          variant_forward(kForward, call, s.q, s.k, s.v, *s.variant));
+      split_heads(s.heads, H, hd).copy_(variant_forward(kForward, call, s.q, s.k, s.v, *s.variant));
     } else if (const dist::SequenceShard* shard = dist::current_sequence_shard()) {
       // Context parallel: this rank's rows of one sequence; the core is ring attention.
       if (c.rotary_base || !same_view(key, query) || s.S_total != S)
         raise<ValueError>(kForward, "inputs", "self-attention without rotary positions or extra key rows under "
                           "context parallelism", "another kind");
       s.shard = *shard;
-      s.attention = dist::shard_attention_forward(*shard, s.q, s.k,
-                                                  s.v, s.options, kForward);
+      s.attention = dist::shard_attention_forward(*shard, s.q, s.k, s.v, s.options, kForward);
       split_heads(s.heads, H, hd).copy_(s.attention.out);
     } else if (!head_gate_.defined()) {  // the heads written in place (the gates would change the saved out)
       s.attention = attention_forward_into(split_heads(s.heads, H, hd), s.q, s.k, s.v, s.options);
@@ -526,9 +526,8 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
         if (dw.defined() || bias_grad)
           raise<ValueError>("mha::nn::MultiheadAttention::backward", "dweights", "none under context parallelism",
                             "a weights or bias gradient");
-        ag = dist::shard_attention_backward(*s.shard, split_heads(as_operand<A>(dheads), H, hd), s.q,
-                                            s.k, s.v, s.attention, s.options,
-                                            "mha::nn::MultiheadAttention::backward");
+        ag = dist::shard_attention_backward(*s.shard, split_heads(as_operand<A>(dheads), H, hd), s.q, s.k, s.v,
+                                            s.attention, s.options, "mha::nn::MultiheadAttention::backward");
       } else {
         const Tensor dout = split_heads(as_operand<A>(dheads), H, hd);
         if constexpr (std::is_same_v<T, A>) {
@@ -545,12 +544,12 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
       const Tensor* parts[] = {&ag.dquery, &ag.dkey, &ag.dvalue};
       for (int part = 0; part < 3; ++part) heads_of(part).copy_(*parts[part]);
     }
+    if (c.rotary_base)  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq (k's S rows, not the extra ones)
+      for (int part : {0, 1}) rotate_positions_(heads_of(part).slice(2, 0, part == 0 ? L : S), 0, *c.rotary_base, true);
     if (s.fused) {
       // q, k and v's gradients side by side as the forward projected them:
       // W_in's gradient and bias in one product and one sum over 3I columns,
       // and summed, x's gradient in one product 3I deep.
-      if (c.rotary_base)  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq
-        for (int part : {0, 1}) rotate_positions_(projection_heads(dqkv, part, H, hd), 0, *c.rotary_base, true);
       const Tensor dqkv_op = as_operand<A>(dqkv);
       project_weight_backward<T, A>(dqkv.data<T>(), dqkv_op.data<A>(), L, s.query.data<A>(), s.qs, 3 * I,
                                     in_proj_weight_grad.data<T>(), mut_ptr_or_null<T>(in_proj_bias_grad));
@@ -562,10 +561,6 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
         project_input_backward<T, A>(dqkv_op.data<A>() + part * I, 3 * I, L, s.qs, w[size_t(part)].data<A>(), I,
                                      dx[part]->data<T>());
       return;
-    }
-    if (c.rotary_base) {  // q = R q_proj with R orthogonal: dq_proj = Rᵀ dq
-      rotate_rows(dq, H, hd, 0, L, 0, *c.rotary_base, true);
-      rotate_rows(dk, H, hd, 0, S, 0, *c.rotary_base, true);
     }
     if (c.add_bias_kv)
       for (int64_t n = 0; n < N; ++n)

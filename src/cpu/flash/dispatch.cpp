@@ -634,10 +634,9 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   // apart (the heads of an (N, L, H·E) buffer, 1 KiB and more) share a few
   // of L1's sets, and the dQ tile fell out of L1 between its additions
   // (training at L = 2040: about 2% fewer tokens/s, medians of four
-  // alternating runs); those go through the buffer, copied in once at the end.
+  // alternating runs); those go through the buffer, stored once at the end.
   const bool f32 = p.dtype == DType::float32;
-  const bool q_rows = f32 && E == E_pad && one_to_one(p.q, p);
-  const bool direct_q = q_rows && g.dquery.stride(-2) == E_pad;
+  const bool direct_q = f32 && E == E_pad && one_to_one(p.q, p) && g.dquery.stride(-2) == E_pad;
   const bool direct_k = f32 && one_to_one(p.k, p), direct_v = f32 && one_to_one(p.v, p);
   // (Tensors, not vectors: the allocator's cached blocks, where a vector's
   // fresh pages each faulted, 120-280 MiB a step of the wide model in bf16.)
@@ -727,14 +726,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
     }
   }
   if (p.dweights.defined()) finite = finite && add_weights_gradient(plan);
-  if (q_rows && !direct_q) {  // compact rows into rows apart
-    const EntryRows to = entry_rows(g.dquery, p);
-    float* dq = g.dquery.data<float>();
-#pragma omp parallel for schedule(static) if (p.batch * L * E >= (int64_t(1) << 16))
-    for (int64_t row = 0; row < p.batch * L; ++row)
-      std::memcpy(dq + to.offset[size_t(row / L)] + row % L * to.row, plan.dq_at(row / L) + row % L * E_pad,
-                  size_t(E) * sizeof(float));
-  } else if (!direct_q) {  // drop the padding, then fold
+  if (!direct_q) {  // drop the padding, then fold (or copy into rows apart)
     const float* padded = dq_full.data<float>();
     if (E != E_pad) {
       Tensor compact = Tensor::empty({p.batch * L * E}, DType::float32);
