@@ -65,7 +65,9 @@ void add_model_and_training_options(CLI::App* cmd, mha::tools::TrainCommand& t) 
   cmd->add_option("--max-seconds", t.train.max_seconds, "Stop after this much training time")->capture_default_str();
   cmd->add_option("--stop-when-perfect", t.train.stop_when_perfect, "Stop once held-out exact match is 100%")->capture_default_str();
   cmd->add_option("--accumulate", t.train.accumulate, "Micro-batches of --batch per step (gradient accumulation)")->capture_default_str();
-  cmd->add_option("--init", t.init, "Weight initialisation: default, xavier, he or normal")->capture_default_str();
+  cmd->add_option("--init", t.init,
+                  "Weight initialisation: default (each layer's own, as torch's), xavier, he or normal "
+                  "(copy, reverse, sort, add: xavier unless given)")->capture_default_str();
   cmd->add_option("--out", t.out, "Folder for the checkpoint, metrics.csv and summary.json");
   cmd->add_option("--checkpoint-every", t.train.checkpoint_every, "Also save the checkpoint every N steps (needs --out)")->capture_default_str();
   cmd->add_option("--resume", t.resume, "Continue the run saved in this folder (to --steps in all)");
@@ -204,6 +206,12 @@ int main(int argc, char** argv) {
   const auto fallback = [&](const char* flag, auto& value, auto preset) {
     if (train_cmd->get_option(flag)->count() == 0) value = preset;
   };
+  // The sequence tasks start from Xavier-uniform matrices, as torch.nn.Transformer resets its
+  // layers: from the layers' own init, reverse with seed 0 ended at 95.7% held-out after 1500
+  // steps (7 of seeds 0-7 at 100%); from Xavier all eight reached 100%, most by step 1250.
+  if (train_cmd->parsed() && (train.task == "copy" || train.task == "reverse" || train.task == "sort" ||
+                              train.task == "add"))
+    fallback("--init", train.init, std::string("xavier"));
   // ListOps is a classification of long expressions: the encoder, and lengths of its own.
   if (train_cmd->parsed() && train.task == "listops") {
     fallback("--arch", train.architecture, std::string("encoder"));
