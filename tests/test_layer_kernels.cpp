@@ -13,6 +13,7 @@
 #include "cpu/layers/layers.h"
 #include "cpu/reference/layers.h"
 #include "cpu/sgemm/sgemm.h"
+#include "finite.h"
 #include "testing.h"
 
 using namespace mha;
@@ -190,6 +191,37 @@ TEST_P(LayerKernels, AdamWAndNormsMatchReference) {
     std::vector<float> sum(static_cast<size_t>(n));
     cpu::add_arrays(p.data(), g.data(), sum.data(), n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sum[size_t(i)], p[size_t(i)] + g[size_t(i)]);
+  }
+}
+
+// The finite scan against a plain loop: one NaN or infinity anywhere (first,
+// middle, last lane, the tail past the last whole vector) is found; the largest
+// float, subnormals and zeros of both signs are finite.
+TEST_P(LayerKernels, FiniteScanFindsEveryNaNAndInfinity) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float finite_extremes[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                                   std::numeric_limits<float>::denorm_min(), -0.0f};
+  for (int64_t n : {1, 7, 15, 16, 17, 63, 64, 65, 100003}) {
+    std::vector<float> x = random_floats(size_t(n), 21, 1e3f);
+    EXPECT_TRUE(cpu::finite_floats(x.data(), n)) << n;
+    EXPECT_TRUE(cpu::finite_floats(x.data(), 0));
+    for (int64_t at : {int64_t(0), n / 2, n - 1}) {
+      for (float bad : {nan, inf, -inf}) {
+        std::vector<float> y = x;
+        y[size_t(at)] = bad;
+        EXPECT_FALSE(cpu::finite_floats(y.data(), n)) << n << " " << at << " " << bad;
+        EXPECT_FALSE(all_finite(y.data(), n)) << n << " " << at << " " << bad;
+        EXPECT_EQ(all_finite(y.data(), n, /*minus_inf_ok=*/true), bad == -inf) << n << " " << at << " " << bad;
+        if (at > 0) {
+          EXPECT_TRUE(cpu::finite_floats(y.data(), at)) << "only the first " << at << " of " << n;
+        }
+      }
+      for (float ok : finite_extremes) {
+        std::vector<float> y = x;
+        y[size_t(at)] = ok;
+        EXPECT_TRUE(cpu::finite_floats(y.data(), n)) << n << " " << at << " " << ok;
+      }
+    }
   }
 }
 
