@@ -322,9 +322,10 @@ TEST_P(EachIsa, FewQueriesByRows) {
   }
 }
 
-// Strided rows, as the heads of an (N, L, H·E) tensor (the backward copies
-// such rows together), for several entries and for one (the backward then
-// splits the entry over threads).
+// Strided rows, as the heads of an (N, L, H·E) tensor (the forward copies key
+// and value rows lying apart together when several query tiles read them, the
+// backward query, dO and key rows), for several entries and for one (the
+// backward then splits the entry over threads).
 TEST_P(EachIsa, NonContiguousInputs) {
   const auto check = [](const Tensor& q, const Tensor& k, const Tensor& v) {
     AttentionOptions o{.causal = Causal::top_left, .path = AttentionPath::fused};
