@@ -4,7 +4,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <vector>
 
 #include "cpu/fma_rate.h"
 
@@ -31,5 +34,23 @@ double fma_peak_gflops(int threads, bool avx512) {
 }
 
 double bf16_peak_gflops(int threads) { return run(threads, cpu::FmaKind::bf16_512); }
+
+double copy_bandwidth_gbs(int threads) {
+  constexpr size_t kBytes = size_t(128) << 20;
+  std::vector<char> from(kBytes, 1), to(kBytes, 0);  // written once: every page resident
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      const size_t n = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
+      const size_t first = kBytes * t / n, last = kBytes * (t + 1) / n;
+      std::memcpy(to.data() + first, from.data() + first, last - first);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * double(kBytes) / seconds / 1e9);
+  }
+  return best;
+}
 
 }  // namespace mha::bench

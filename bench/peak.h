@@ -8,5 +8,10 @@ namespace mha::bench {
 double fma_peak_gflops(int threads, bool avx512);
 // GFLOP/s of AVX512-BF16 dot products (_mm512_dpbf16_ps: 64 flops each); 0 without AVX512-BF16.
 double bf16_peak_gflops(int threads);
+// GB/s (bytes read plus bytes written) of a copy between two 128 MiB buffers,
+// each thread its share, best of five: the memory bandwidth a step can have
+// now. On a shared host it moves with the neighbours' load, and a memory-bound
+// run (PyTorch's long step) with it.
+double copy_bandwidth_gbs(int threads);
 
 }  // namespace mha::bench

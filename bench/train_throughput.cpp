@@ -7,7 +7,9 @@
 //   long   d 256, 4 heads, 2 layers, ff 1024, batch 2,  inputs 1018  (2039 tokens)
 // Prints one JSON line: median tokens/s over the timed steps (padded tokens,
 // evaluation excluded), the step's GFLOP/s and its share of the FP32 FMA peak
-// measured here, and the peak resident memory the steps add.
+// measured here, the memory bandwidth measured here (copy_gbs: a run bound by
+// memory, as PyTorch's long step is, moves with it on a shared host), and the
+// peak resident memory the steps add.
 //
 // FLOPs per token: 6 × dense parameters (the layers' and the head's matrices:
 // 2 forward, 4 backward) plus causal attention's 4·D·(T+1)/2 per layer
@@ -95,11 +97,11 @@ int main(int argc, char** argv) {
   // CPU: 256-bit FMAs), and the CPU's own widest, both named.
   const bool avx512_kernels = cpu::active_isa() == cpu::Isa::avx512;
   const double peak = bench::fma_peak_gflops(threads, avx512_kernels);
-  const double gflops = flops[flops.size() / 2] / 1e9;
+  const double gflops = flops[flops.size() / 2] / 1e9, copy_gbs = bench::copy_bandwidth_gbs(threads);
   std::printf("{\"system\": \"mha\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"tokens_per_second\": %.1f, "
-              "\"gflops\": %.2f, \"peak_gflops\": %.1f, \"percent_of_peak\": %.1f, \"peak_extra_mib\": %.1f, "
+              "\"gflops\": %.2f, \"peak_gflops\": %.1f, \"percent_of_peak\": %.1f, \"copy_gbs\": %.1f, \"peak_extra_mib\": %.1f, "
               "\"peak_tensor_mib\": %.1f, \"dense_parameters\": %lld, \"cpu\": \"%s\", \"cpu_isa\": \"%s\", \"kernels\": \"%s\", \"gemm\": \"%s\"}\n",
-              config.c_str(), precision.c_str(), threads, rates[rates.size() / 2], gflops, peak, 100 * gflops / peak,
+              config.c_str(), precision.c_str(), threads, rates[rates.size() / 2], gflops, peak, 100 * gflops / peak, copy_gbs,
               extra_mib, double(peak_memory()) / (1 << 20), (long long)dense, bench::cpu_name().c_str(),
               __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", cpu::to_string(cpu::active_isa()).c_str(),
               cpu::sgemm_backend() == cpu::GemmBackend::mha ? "mha" : "openblas");
