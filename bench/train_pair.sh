@@ -6,6 +6,8 @@
 # again with OPENBLAS_CORETYPE=NAME (for a CPU that Debian's OpenBLAS does not
 # detect; mha's layers then use OpenBLAS too, see src/cpu/gemm.cpp).
 #   bash bench/train_pair.sh [ROUNDS] [CONFIGS...]     (after scripts/main.sh or test.sh built build/)
+# The table of docs/benchmarks.md from its lines (ratios taken within each round):
+#   bash bench/train_pair.sh 3 | tee pair.jsonl | python3 bench/train_pair_table.py
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 rounds=${1:-1}
