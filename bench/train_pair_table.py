@@ -29,6 +29,14 @@ def span(values, digits=0):
     return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
+def tokens_of(runs):
+    return ", ".join(tokens(r["tokens_per_second"]) for r in runs) or "—"
+
+
+def mib_of(runs):
+    return span([r["peak_extra_mib"] for r in runs]) if runs else "—"
+
+
 def ratio(numerators, denominators):
     rounds = [a["tokens_per_second"] / b["tokens_per_second"] for a, b in zip(numerators, denominators)]
     if not rounds:
@@ -62,12 +70,10 @@ def table(lines):
             layers = runs[(config, "torch+mha-layers", core)]
             if not mha or not torch:
                 continue
-            tps = lambda rs: ", ".join(tokens(r["tokens_per_second"]) for r in rs) or "—"
-            mib = lambda rs: span([r["peak_extra_mib"] for r in rs]) if rs else "—"
             copy = [r["copy_gbs"] for r in mha if "copy_gbs" in r]
-            out.append(f"| {config} | {core} | {tps(mha)} | {tps(torch)} | {ratio(mha, torch)} | {tps(layers)} | "
+            out.append(f"| {config} | {core} | {tokens_of(mha)} | {tokens_of(torch)} | {ratio(mha, torch)} | {tokens_of(layers)} | "
                        f"{ratio(layers, torch)} | {span([r['percent_of_peak'] for r in mha])}% | "
-                       f"{span(copy, 1) if copy else '—'} | {mib(mha)} / {mib(torch)} / {mib(layers)} |")
+                       f"{span(copy, 1) if copy else '—'} | {mib_of(mha)} / {mib_of(torch)} / {mib_of(layers)} |")
     return out
 
 

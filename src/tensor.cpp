@@ -508,10 +508,7 @@ bool all_finite(const double* x, int64_t n, bool minus_inf_ok) {
 }
 
 bool all_finite(const float* x, int64_t rows, int64_t cols, int64_t pitch) {
-  if (pitch == cols) return all_finite(x, rows * cols);
-  for (int64_t i = 0; i < rows; ++i)
-    if (!all_finite(x + i * pitch, cols)) return false;
-  return true;
+  return pitch == cols ? cpu::finite_floats(x, rows * cols) : cpu::finite_floats(x, rows, cols, pitch);
 }
 
 bool all_finite(const Tensor& t, bool minus_inf_ok) {

@@ -154,7 +154,9 @@ void scale_in_place(float* x, int64_t n, float s) {
   for (int64_t c = 0; c < chunks; ++c) k.scale_range(x + c * kChunk, std::min(n, (c + 1) * kChunk) - c * kChunk, s);
 }
 
-bool finite_floats(const float* x, int64_t n) { return kernels().finite_range(x, n); }
+bool finite_floats(const float* x, int64_t rows, int64_t cols, int64_t pitch) {
+  return kernels().finite_rows(x, rows, cols, pitch);
+}
 
 void add_arrays(const float* a, const float* b, float* out, int64_t n) {
   const LayerKernels& k = kernels();

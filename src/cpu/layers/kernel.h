@@ -321,23 +321,26 @@ inline float sum_of_squares_range(const float* x, int64_t n) {
   return reduce_add(a + b);
 }
 
-// Whether x[0, n) holds no NaN and no infinity: x - x is 0 for every finite x
-// and NaN for ±inf and NaN, and a NaN stays in a sum (zeros add to exactly 0).
-// Four sums, so that the adds do not wait on one another; a lane of the tail
-// past n loads as 0.
-inline bool finite_range(const float* x, int64_t n) {
+// Whether rows × cols floats, rows `pitch` apart, hold no NaN and no
+// infinity: x - x is 0 for every finite x and NaN for ±inf and NaN, and a NaN
+// stays in a sum (zeros add to exactly 0). Four sums, so that the adds do not
+// wait on one another; a lane of a row's tail past cols loads as 0.
+inline bool finite_rows(const float* x, int64_t rows, int64_t cols, int64_t pitch) {
   using namespace layer_kernels;
   Vec a = Vec::zero(), b = Vec::zero(), c = Vec::zero(), d = Vec::zero();
-  int64_t i = 0;
-  for (; i + 4 * Vec::W <= n; i += 4 * Vec::W) {
-    const Vec u = Vec::load(x + i), v = Vec::load(x + i + Vec::W), w = Vec::load(x + i + 2 * Vec::W),
-              z = Vec::load(x + i + 3 * Vec::W);
-    a = a + (u - u), b = b + (v - v), c = c + (w - w), d = d + (z - z);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * pitch;
+    int64_t i = 0;
+    for (; i + 4 * Vec::W <= cols; i += 4 * Vec::W) {
+      const Vec u = Vec::load(row + i), v = Vec::load(row + i + Vec::W), w = Vec::load(row + i + 2 * Vec::W),
+                z = Vec::load(row + i + 3 * Vec::W);
+      a = a + (u - u), b = b + (v - v), c = c + (w - w), d = d + (z - z);
+    }
+    for_vectors(cols - i, [&](int64_t j, int lanes) {
+      const Vec u = load_n(row + i + j, lanes);
+      a = a + (u - u);
+    });
   }
-  for_vectors(n - i, [&](int64_t j, int lanes) {
-    const Vec u = load_n(x + i + j, lanes);
-    a = a + (u - u);
-  });
   return reduce_add((a + b) + (c + d)) == 0.0f;
 }
 

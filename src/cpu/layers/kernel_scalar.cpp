@@ -11,7 +11,7 @@ const LayerKernels& layer_kernels_scalar() {
   static const LayerKernels k{&scalar::activation_rows, &scalar::activation_backward_rows, &scalar::layer_norm_rows,
                               &scalar::layer_norm_backward_rows, &scalar::cross_entropy_rows, &scalar::adamw_range,
                               &scalar::sum_of_squares_range, &scalar::scale_range, &scalar::add_range,
-                              &scalar::finite_range};
+                              &scalar::finite_rows};
   return k;
 }
 

@@ -16,7 +16,7 @@ struct LayerKernels {
   float (*sum_of_squares_range)(const float*, int64_t);
   void (*scale_range)(float*, int64_t, float);
   void (*add_range)(const float*, const float*, float*, int64_t);
-  bool (*finite_range)(const float*, int64_t);
+  bool (*finite_rows)(const float*, int64_t, int64_t, int64_t);
 };
 
 const LayerKernels& layer_kernels_avx512();

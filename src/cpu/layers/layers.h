@@ -102,8 +102,9 @@ void scale_in_place(float* x, int64_t n, float s);
 void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out);
 // out = a + b over n (out may be a or b).
 void add_arrays(const float* a, const float* b, float* out, int64_t n);
-// Whether x[0, n) holds no NaN and no infinity (on the calling thread: it runs
-// inside the attention's parallel regions).
-bool finite_floats(const float* x, int64_t n);
+// Whether rows × cols floats, rows `pitch` apart, hold no NaN and no infinity
+// (on the calling thread: it runs inside the attention's parallel regions).
+bool finite_floats(const float* x, int64_t rows, int64_t cols, int64_t pitch);
+inline bool finite_floats(const float* x, int64_t n) { return finite_floats(x, 1, n, n); }
 
 }  // namespace mha::cpu
