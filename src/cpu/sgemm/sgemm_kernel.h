@@ -9,18 +9,23 @@
 //         copied, or k-major panels of kGemmRows rows for a transposed A),
 //         broadcast one element at a time
 //   C     tiles of up to kRows × kCols (smaller when a product has too few
-//         for two per thread), summed over K blocks of kDepth straight into
+//         for two per thread, taller when it is deeper than kDepth), summed over K blocks of kDepth straight into
 //         C (alpha = 1, beta 0 or 1: every product of the layers; other
 //         scalings take the product apart and scale it in). C is not read
 //         when beta = 0.
 //
-// For each K block and panel, the panel's kDepth × kPanel block (32 KiB with
-// AVX-512: two thirds of L1) stays in L1 while every kGemmRows-row micro-tile
-// of the tile passes over it, its A rows coming from L2 (kRows × kDepth, 96
-// KiB). The micro-tile, 12 rows × 2 vectors with AVX-512 (24 of 32
-// registers accumulate), loads 2 vectors of B per 24 FMAs. kDepth = 256
-// takes the layers' k = 256 in one block (192 left a block of 64, whose
-// packing and second pass over C cost as much as its products).
+// For each K block, one kGemmRows-row group of the tile's packed rows (12 ×
+// 256 floats, 12 KiB) stays in L1 while the tile's panels (kDepth × kPanel,
+// 32 KiB each) come from L2 in turn. The other way round — a panel held in
+// L1 while the tile's groups passed over it — left 32 KiB of panel, 12 KiB
+// of rows and C's lines competing for 48 KiB of L1, and the panel's lines
+// came back from L2: the 12 × 2-vector micro-tile, 89% of one core's FMA
+// peak with everything in L1, ran at 72% over a 4032 × 1024 × 256 product
+// that way and at 80% this way (2-vCPU AVX-512 Xeon, 1 thread; the whole
+// product 137 -> 153 GFLOP/s). The micro-tile, 12 rows × 2 vectors with
+// AVX-512 (24 of 32 registers accumulate), loads 2 vectors of B per 24 FMAs.
+// kDepth = 256 takes the layers' k = 256 in one block (192 left a block of
+// 64, whose packing and second pass over C cost as much as its products).
 //
 // A micro-tile that adds to C sums its products from zero and adds C at the
 // end, C's lines prefetched as it starts: loaded first, C (a tile of a
@@ -49,7 +54,7 @@ constexpr int kGemmRows = 12;
 constexpr int kGemmRows = kMR;
 #endif
 constexpr int64_t kPanel = kNV * W;
-constexpr int64_t kRows = 96, kCols = 512, kDepth = 256;
+constexpr int64_t kRows = 96, kCols = 512, kDepth = 256, kMaxRows = 384;
 static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -72,13 +77,27 @@ inline void pack_rows(const float* A, int64_t ar, int64_t ak, int64_t rows, int6
     }
     return;
   }
-  for (int64_t g = 0; g * kGemmRows < padded; ++g) {
-    float* panel = out + g * depth * kGemmRows;
-    const int64_t here = min64(kGemmRows, rows - g * kGemmRows);
-    for (int64_t k = 0; k < depth; ++k) {
-      const float* src = A + g * kGemmRows * ar + k * ak;
-      for (int64_t i = 0; i < here; ++i) panel[k * kGemmRows + i] = src[i * ar];
-      for (int64_t i = here; i < kGemmRows; ++i) panel[k * kGemmRows + i] = 0.0f;
+  // op(A) = Aᵀ: source row k holds element (r, k) of every r, ak apart from
+  // the next. Each source row is read whole before the next (its lines in
+  // one burst, the next rows prefetched): by panels, every panel went down
+  // all `depth` rows, pages apart, again. Copied as vectors (a weight
+  // gradient's packing was a fifth of its time: 1024 × 256 × 4078 on one
+  // thread 104 -> 125 GFLOP/s with both changes).
+  const int64_t groups = padded / kGemmRows;
+  for (int64_t k = 0; k < depth; ++k) {
+    const float* src = A + k * ak;
+    if (k + 4 < depth)
+      for (int64_t r = 0; r < rows; r += 16) __builtin_prefetch(src + 4 * ak + r * ar);
+    for (int64_t g = 0; g < groups; ++g) {
+      // A group's kGemmRows elements lie together in the source row (ar = 1).
+      float* dst = out + (g * depth + k) * kGemmRows;
+      const int64_t first = g * kGemmRows, here = min64(kGemmRows, rows - first);
+      if (ar == 1 && here == kGemmRows && kGemmRows <= W) {
+        Vec::load_partial(src + first, kGemmRows).store_partial(dst, kGemmRows);
+        continue;
+      }
+      for (int64_t i = 0; i < here; ++i) dst[i] = src[(first + i) * ar];
+      for (int64_t i = here; i < kGemmRows; ++i) dst[i] = 0.0f;
     }
   }
 }
@@ -108,32 +127,24 @@ inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, 
     for (int v = 0; v < kNV; ++v) (ACC ? acc[r][v] + Vec::load(C + r * ldc + v * W) : acc[r][v]).store(C + r * ldc + v * W);
 }
 
-// C rows [0, rows) × columns [0, width) (row stride ldc) (+)= the packed
-// rows · P, adding to C when `accumulate`. Full kGemmRows-row groups of a
-// full panel go straight to C (no scratch, no second pass); the edges pass
+// C rows [0, here) × columns [0, width) (row stride ldc) (+)= one group of
+// kGemmRows packed rows · P, adding to C when `accumulate`. A full group of a
+// full panel goes straight to C (no scratch, no second pass); the edges pass
 // through a tile on the stack.
-inline void panel_into(bool row_major, bool accumulate, int64_t rows, int64_t width, int64_t depth,
-                       const float* packed_rows, const float* P, float* C, int64_t ldc) {
-  auto run = [&](bool acc, const float* a, float* out, int64_t ld) {
+inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t width, int64_t depth,
+                       const float* a, const float* P, float* C, int64_t ldc) {
+  auto run = [&](bool acc, float* out, int64_t ld) {
     if (row_major) acc ? micro_packed<true, true>(a, P, out, ld, depth) : micro_packed<false, true>(a, P, out, ld, depth);
     else acc ? micro_packed<true, false>(a, P, out, ld, depth) : micro_packed<false, false>(a, P, out, ld, depth);
   };
-  for (int64_t r = 0; r < rows; r += kGemmRows) {
-    const float* a = packed_rows + r * (row_major ? kDepth : depth);
-    const int64_t here = min64(kGemmRows, rows - r);
-    float* out = C + r * ldc;
-    if (here == kGemmRows && width == kPanel) {
-      run(accumulate, a, out, ldc);
-      continue;
-    }
-    alignas(64) float edge[kGemmRows * kPanel];
-    if (accumulate)
-      for (int64_t i = 0; i < kGemmRows; ++i)
-        for (int64_t j = 0; j < kPanel; ++j) edge[i * kPanel + j] = i < here && j < width ? out[i * ldc + j] : 0.0f;
-    run(accumulate, a, edge, kPanel);
-    for (int64_t i = 0; i < here; ++i)
-      for (int64_t j = 0; j < width; ++j) out[i * ldc + j] = edge[i * kPanel + j];
-  }
+  if (here == kGemmRows && width == kPanel) return run(accumulate, C, ldc);
+  alignas(64) float edge[kGemmRows * kPanel];
+  if (accumulate)
+    for (int64_t i = 0; i < kGemmRows; ++i)
+      for (int64_t j = 0; j < kPanel; ++j) edge[i * kPanel + j] = i < here && j < width ? C[i * ldc + j] : 0.0f;
+  run(accumulate, edge, kPanel);
+  for (int64_t i = 0; i < here; ++i)
+    for (int64_t j = 0; j < width; ++j) C[i * ldc + j] = edge[i * kPanel + j];
 }
 
 // A product with few rows against a transposed B — C = op(A)·Wᵀ with W (n × k)
@@ -220,15 +231,27 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
 #pragma omp parallel for schedule(static) if (k * n_pad > (int64_t(1) << 16))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
-    for (int64_t kk = 0; kk < k; ++kk) {
-      float* row = packed + (p * k + kk) * kPanel;
-      if (!tb)
-        for (int64_t j = 0; j < width; ++j) row[j] = b[kk * ldb + j0 + j];
-      for (int64_t j = tb ? 0 : width; j < kPanel; ++j) row[j] = 0.0f;
+    float* panel = packed + p * k * kPanel;
+    if (!tb) {  // B's rows along n: each packed row is a piece of one
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int v = 0; v < kNV; ++v) {
+          const int64_t lanes = min64(W, width - v * W);
+          const float* src = b + kk * ldb + j0 + v * W;
+          (lanes == W ? Vec::load(src) : lanes > 0 ? Vec::load_partial(src, int(lanes)) : Vec::zero())
+              .store(panel + kk * kPanel + v * W);
+        }
+      continue;
     }
-    if (tb)  // B is n × k: read its rows along k
+    // B is n × k: its rows along k, read 64 at a time so that the packed rows
+    // written (64 × kPanel floats) stay in L1 while `width` source rows pass.
+    if (width < kPanel)
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t j = width; j < kPanel; ++j) panel[kk * kPanel + j] = 0.0f;
+    for (int64_t k0 = 0; k0 < k; k0 += 64) {
+      const int64_t k1 = min64(k, k0 + 64);
       for (int64_t j = 0; j < width; ++j)
-        for (int64_t kk = 0; kk < k; ++kk) packed[(p * k + kk) * kPanel + j] = b[(j0 + j) * ldb + kk];
+        for (int64_t kk = k0; kk < k1; ++kk) panel[kk * kPanel + j] = b[(j0 + j) * ldb + kk];
+    }
   }
   const int64_t ar = ta ? 1 : lda, ak = ta ? lda : 1;
   // Smaller tiles where the product has too few for two per thread (a
@@ -239,9 +262,22 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   auto items = [&] { return ((m + tile_rows - 1) / tile_rows) * ((n_pad + tile_cols - 1) / tile_cols); };
   while (items() < want && tile_cols > kPanel) tile_cols /= 2;
   while (items() < want && tile_rows > kGemmRows) tile_rows = round_up(tile_rows / 2, kGemmRows);
+  // A product deeper than one K block (a weight gradient, k = the batch's
+  // tokens) takes its rows in as few tiles as keep every thread busy: a
+  // tile's panels of one K block (kDepth × tile_cols, 512 KiB) come into L2
+  // once per tile, from a packed B too large for L2 (4078 × 256: 4 MiB), so
+  // 96-row tiles brought each block in ceil(m / 96) times, and 11 such tiles
+  // of m = 1024 left one of two threads idle for a twelfth of the product
+  // (1024 × 256 × 4078, transposed A, 2 threads: 229 -> 251 GFLOP/s).
+  if (k > kDepth && items() >= want) {
+    // Row tiles: a multiple of `down`, as few as kMaxRows rows allow.
+    const int64_t across = (n_pad + tile_cols - 1) / tile_cols, down = (want + across - 1) / across;
+    const int64_t tiles = round_up((m + kMaxRows - 1) / kMaxRows, down);
+    tile_rows = round_up((m + tiles - 1) / tiles, kGemmRows);
+  }
   const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
   // Each thread's packed rows of A, taken before the region (parallel.h).
-  const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, kRows * kDepth * int64_t(sizeof(float)));
+  const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, max64(tile_rows, kRows) * kDepth * int64_t(sizeof(float)));
 #pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
@@ -250,9 +286,13 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = min64(kDepth, k - k0);
       pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
-      for (int64_t j = 0; j < cols; j += kPanel)
-        panel_into(ak == 1, k0 > 0 || beta == 1.0f, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
-                   packed + ((c0 + j) / kPanel * k + k0) * kPanel, c + r0 * ldc + c0 + j, ldc);
+      // One group of rows (kGemmRows × depth, 12 KiB) stays in L1 while the
+      // tile's panels (kDepth × kPanel each, 32 KiB) come from L2 in turn.
+      for (int64_t g = 0; g < rows; g += kGemmRows)
+        for (int64_t j = 0; j < cols; j += kPanel)
+          group_into(ak == 1, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), min64(kPanel, n - c0 - j), depth,
+                     rows_packed + g * (ak == 1 ? kDepth : depth), packed + ((c0 + j) / kPanel * k + k0) * kPanel,
+                     c + (r0 + g) * ldc + c0 + j, ldc);
     }
   }
 }
