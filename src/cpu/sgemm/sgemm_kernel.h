@@ -9,10 +9,10 @@
 //         copied, or k-major panels of kGemmRows rows for a transposed A),
 //         broadcast one element at a time
 //   C     tiles of up to kRows × kCols (smaller when a product has too few
-//         for two per thread, taller when it is deeper than kDepth), summed over K blocks of kDepth straight into
-//         C (alpha = 1, beta 0 or 1: every product of the layers; other
-//         scalings take the product apart and scale it in). C is not read
-//         when beta = 0.
+//         for two per thread, taller when it is deeper than kDepth), summed
+//         over K blocks of kDepth straight into C (alpha = 1, beta 0 or 1:
+//         every product of the layers; other scalings take the product
+//         apart and scale it in). C is not read when beta = 0.
 //
 // For each K block, one kGemmRows-row group of the tile's packed rows (12 ×
 // 256 floats, 12 KiB) stays in L1 while the tile's panels (kDepth × kPanel,
@@ -273,7 +273,8 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     // Row tiles: a multiple of `down`, as few as kMaxRows rows allow.
     const int64_t across = (n_pad + tile_cols - 1) / tile_cols, down = (want + across - 1) / across;
     const int64_t tiles = round_up((m + kMaxRows - 1) / kMaxRows, down);
-    tile_rows = round_up((m + tiles - 1) / tiles, kGemmRows);
+    const int64_t tall = round_up((m + tiles - 1) / tiles, kGemmRows);
+    if ((m + tall - 1) / tall >= down) tile_rows = tall;  // (70 rows: 4 tiles of 18 round to 3 of 24)
   }
   const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
   // Each thread's packed rows of A, taken before the region (parallel.h).
