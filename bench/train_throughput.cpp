@@ -104,6 +104,6 @@ int main(int argc, char** argv) {
               config.c_str(), precision.c_str(), threads, rates[rates.size() / 2], gflops, peak, 100 * gflops / peak, copy_gbs,
               extra_mib, double(peak_memory()) / (1 << 20), (long long)dense, bench::cpu_name().c_str(),
               __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", cpu::to_string(cpu::active_isa()).c_str(),
-              cpu::sgemm_backend() == cpu::GemmBackend::mha ? "mha" : "openblas");
+              cpu::to_string(cpu::sgemm_backend()).c_str());
   return 0;
 }

@@ -260,28 +260,34 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
                          {400, 45, 520}})  // K blocks of 256, 256, 8 over row tiles of 108 (wider than 96)
     for (bool ta : {false, true})
       for (bool tb : {false, true})
-        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
-          SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
-                       (tb ? " tb" : "") + " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta));
-          const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
-          std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 18), b = random_floats(size_t((tb ? n : k) * ldb), 19);
-          std::vector<float> c = random_floats(size_t(m * ldc), 20), c_ref = c;
-          if (beta == 0.0f)  // C is not read: NaN there must not come through
-            for (float& x : c) x = std::numeric_limits<float>::quiet_NaN();
-          // The scalar path has no kernel of mha's own: there, the dispatch (OpenBLAS).
-          if (GetParam() == cpu::Isa::avx512) cpu::sgemm_avx512(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-          else if (GetParam() == cpu::Isa::avx2) cpu::sgemm_avx2(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-          else cpu::gemm<float>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              const double want = alpha * product_entry(a, lda, ta, b, ldb, tb, i, j, k) +
-                                  (beta == 0.0f ? 0.0 : beta * double(c_ref[size_t(i * ldc + j)]));
-              ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
-            }
-          for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
-            for (int64_t j = n; j < ldc; ++j)
-              ASSERT_TRUE(beta == 0.0f ? std::isnan(c[size_t(i * ldc + j)]) : c[size_t(i * ldc + j)] == c_ref[size_t(i * ldc + j)]);
-        }
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}})
+          for (bool with_bias : {false, true}) {
+            SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
+                         (tb ? " tb" : "") + " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta) +
+                         (with_bias ? " + bias" : ""));
+            const std::vector<float> bias_values = random_floats(size_t(n), 21);
+            const float* bias = with_bias ? bias_values.data() : nullptr;
+            const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+            std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 18), b = random_floats(size_t((tb ? n : k) * ldb), 19);
+            std::vector<float> c = random_floats(size_t(m * ldc), 20), c_ref = c;
+            if (beta == 0.0f)  // C is not read: NaN there must not come through
+              for (float& x : c) x = std::numeric_limits<float>::quiet_NaN();
+            // The scalar path has no kernel of mha's own: there, the dispatch (OpenBLAS).
+            if (GetParam() == cpu::Isa::avx512) cpu::sgemm_avx512(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, bias);
+            else if (GetParam() == cpu::Isa::avx2) cpu::sgemm_avx2(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, bias);
+            else if (!bias) cpu::gemm<float>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            else continue;  // (gemm_bias, the layers' entry, is Gemm.SplitOverThreadsMatchesReference's)
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                const double want = alpha * product_entry(a, lda, ta, b, ldb, tb, i, j, k) +
+                                    (beta == 0.0f ? 0.0 : beta * double(c_ref[size_t(i * ldc + j)])) +
+                                    (bias ? double(bias[size_t(j)]) : 0.0);
+                ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
+              }
+            for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
+              for (int64_t j = n; j < ldc; ++j)
+                ASSERT_TRUE(beta == 0.0f ? std::isnan(c[size_t(i * ldc + j)]) : c[size_t(i * ldc + j)] == c_ref[size_t(i * ldc + j)]);
+          }
 }
 
 // cpu::gemm<float> as the layers call it: on OpenBLAS its rows or columns
@@ -291,7 +297,7 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
 // (OpenBLAS sets it when told its own).
 TEST(Gemm, SplitOverThreadsMatchesReference) {
   const int before = omp_get_max_threads();
-  for (const cpu::GemmBackend backend : {cpu::GemmBackend::openblas, cpu::GemmBackend::mha})
+  for (const cpu::GemmBackend backend : {cpu::GemmBackend::openblas, cpu::GemmBackend::mha, cpu::GemmBackend::mixed})
   for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 129}, {67, 1001, 129}, {129, 130, 131},
                              {2, 40000, 5}})
     for (bool ta : {false, true})
@@ -299,7 +305,7 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
         for (bool nested : {false, true})
           for (bool with_bias : {false, true}) {
             const int64_t m = std::get<0>(shape), n = std::get<1>(shape), k = std::get<2>(shape);  // (the lambda captures them)
-            SCOPED_TRACE(std::string(backend == cpu::GemmBackend::mha ? "mha " : "OpenBLAS ") + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
+            SCOPED_TRACE(cpu::to_string(backend) + " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (ta ? " ta" : "") +
                          (tb ? " tb" : "") + (nested ? " in a parallel region" : "") + (with_bias ? " + bias" : ""));
             const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
             const std::vector<float> a = random_floats(size_t((ta ? k : m) * lda), 21),

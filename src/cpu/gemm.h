@@ -12,12 +12,16 @@
 namespace mha::cpu {
 
 // Who computes float32 products: mha's own kernel (cpu/sgemm/sgemm.h, on the
-// avx512 or avx2 kernels of active_isa(); OpenBLAS on the scalar path) or
-// OpenBLAS. mha's when OpenBLAS runs kernels older than the CPU (gemm.cpp),
-// else OpenBLAS; MHA_GEMM=mha or MHA_GEMM=openblas in the environment decides
-// instead. Chosen once per process, so every run computes the same sums.
-enum class GemmBackend { openblas, mha };
+// avx512 or avx2 kernels of active_isa(); OpenBLAS on the scalar path),
+// OpenBLAS, or mixed: mha's kernel where op(A) is A (forward products and
+// input gradients, bias fused), OpenBLAS where it is Aᵀ (weight gradients).
+// mha's when OpenBLAS runs kernels older than the CPU, mixed where the
+// active kernels are AVX-512 on full-width pipes, else OpenBLAS (gemm.cpp
+// has the measurements); MHA_GEMM=mha|openblas|mixed in the environment
+// decides instead. Chosen once per process, so every run computes the same sums.
+enum class GemmBackend { openblas, mha, mixed };
 GemmBackend sgemm_backend();
+std::string to_string(GemmBackend backend);
 // Overrides the choice until called with nullopt (tests: both backends in
 // one process). Not for use while products run on other threads.
 void force_sgemm_backend(std::optional<GemmBackend> backend);

@@ -108,10 +108,12 @@ inline void pack_rows(const float* A, int64_t ar, int64_t ak, int64_t rows, int6
 // offsets from one pointer each, so the loop holds no per-row addresses
 // (twelve of them did not fit beside the counters in 16 general registers).
 template <bool ACC, bool kRowMajor>
-inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, int64_t depth) {
+inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, int64_t depth, const float* init) {
   Vec acc[kGemmRows][kNV];
-  for (int r = 0; r < kGemmRows; ++r)
-    for (int v = 0; v < kNV; ++v) acc[r][v] = Vec::zero();
+  for (int v = 0; v < kNV; ++v) {
+    const Vec start = init ? Vec::load(init + v * W) : Vec::zero();
+    for (int r = 0; r < kGemmRows; ++r) acc[r][v] = start;
+  }
   if (ACC)
     for (int r = 0; r < kGemmRows; ++r)
       for (int v = 0; v < kNV; ++v) __builtin_prefetch(C + r * ldc + v * W, 1, 3);
@@ -128,14 +130,17 @@ inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, 
 }
 
 // C rows [0, here) × columns [0, width) (row stride ldc) (+)= one group of
-// kGemmRows packed rows · P, adding to C when `accumulate`. A full group of a
+// kGemmRows packed rows · P (+ init, a row of kPanel floats, when not null),
+// adding to C when `accumulate`. A full group of a
 // full panel goes straight to C (no scratch, no second pass); the edges pass
 // through a tile on the stack.
 inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t width, int64_t depth,
-                       const float* a, const float* P, float* C, int64_t ldc) {
+                       const float* a, const float* P, float* C, int64_t ldc, const float* init) {
   auto run = [&](bool acc, float* out, int64_t ld) {
-    if (row_major) acc ? micro_packed<true, true>(a, P, out, ld, depth) : micro_packed<false, true>(a, P, out, ld, depth);
-    else acc ? micro_packed<true, false>(a, P, out, ld, depth) : micro_packed<false, false>(a, P, out, ld, depth);
+    if (row_major)
+      acc ? micro_packed<true, true>(a, P, out, ld, depth, init) : micro_packed<false, true>(a, P, out, ld, depth, init);
+    else
+      acc ? micro_packed<true, false>(a, P, out, ld, depth, init) : micro_packed<false, false>(a, P, out, ld, depth, init);
   };
   if (here == kGemmRows && width == kPanel) return run(accumulate, C, ldc);
   alignas(64) float edge[kGemmRows * kPanel];
@@ -156,7 +161,7 @@ inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t wi
 constexpr int64_t kSkinnyRows = 16;
 
 inline void skinny_block(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t k, int64_t rows,
-                         int64_t cols, float alpha, float beta, float* c, int64_t ldc) {
+                         int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   Vec acc[4][4];
   for (int r = 0; r < 4; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = Vec::zero();
@@ -184,33 +189,35 @@ inline void skinny_block(const float* a, int64_t lda, const float* w, int64_t ld
     for (int64_t j = 0; j < cols; ++j) {
       const float dot = alpha * reduce_add(acc[r][j]);
       float* out = c + r * ldc + j;
-      *out = beta == 0.0f ? dot : dot + beta * *out;
+      *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);
     }
 }
 
 inline void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* w,
-                           int64_t ldw, float beta, float* c, int64_t ldc) {
+                           int64_t ldw, float beta, float* c, int64_t ldc, const float* bias) {
   const int64_t col_blocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (m * n * k > (int64_t(1) << 17) && col_blocks > 1)
   for (int64_t jb = 0; jb < col_blocks; ++jb) {
     const int64_t j0 = jb * 4, cols = min64(4, n - j0);
     for (int64_t r0 = 0; r0 < m; r0 += 4)
-      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc);
+      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc,
+                   bias ? bias + j0 : nullptr);
   }
 }
 
 }  // namespace sgemm_detail
 
 inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   using namespace sgemm_detail;
   if (m <= 0 || n <= 0) return;
-  if (k == 0) {  // C = beta·C (alpha·op(A)·op(B) is empty)
+  const auto bias_of = [&](int64_t j) { return bias ? bias[j] : 0.0f; };
+  if (k == 0) {  // C = beta·C + bias (alpha·op(A)·op(B) is empty)
     for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = (beta == 0.0f ? 0.0f : beta * c[r * ldc + j]) + bias_of(j);
     return;
   }
-  if (!ta && tb && m <= kSkinnyRows) return skinny_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (!ta && tb && m <= kSkinnyRows) return skinny_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) {
     // Other scalings (no layer asks for them): the product apart, then
     // C = alpha·product + beta·C (C not read for beta = 0).
@@ -219,15 +226,22 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
         static_cast<float*>(std::aligned_alloc(64, size_t(round_up(m * n, 16)) * sizeof(float))), &std::free);
     float* t = owned.get();
     if (!t) throw std::bad_alloc();
-    sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, t, n);
+    sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, t, n, nullptr);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < n; ++j)
-        c[r * ldc + j] = beta == 0.0f ? alpha * t[r * n + j] : alpha * t[r * n + j] + beta * c[r * ldc + j];
+        c[r * ldc + j] =
+            (beta == 0.0f ? alpha * t[r * n + j] : alpha * t[r * n + j] + beta * c[r * ldc + j]) + bias_of(j);
     return;
   }
   const int64_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
-  // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel.
-  float* packed = static_cast<float*>(thread_scratch_bytes(ScratchSlot::sgemm_b, k * n_pad * int64_t(sizeof(float))));
+  // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel;
+  // the bias, zero-padded to n_pad, after the panels: the accumulators of the
+  // first K block start from it (no pass over C to put it there first).
+  float* packed =
+      static_cast<float*>(thread_scratch_bytes(ScratchSlot::sgemm_b, (k + 1) * n_pad * int64_t(sizeof(float))));
+  float* bias_pad = bias ? packed + k * n_pad : nullptr;
+  if (bias)
+    for (int64_t j = 0; j < n_pad; ++j) bias_pad[j] = j < n ? bias[j] : 0.0f;
 #pragma omp parallel for schedule(static) if (k * n_pad > (int64_t(1) << 16))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
@@ -293,7 +307,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
         for (int64_t j = 0; j < cols; j += kPanel)
           group_into(ak == 1, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), min64(kPanel, n - c0 - j), depth,
                      rows_packed + g * (ak == 1 ? kDepth : depth), packed + ((c0 + j) / kPanel * k + k0) * kPanel,
-                     c + (r0 + g) * ldc + c0 + j, ldc);
+                     c + (r0 + g) * ldc + c0 + j, ldc, k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
     }
   }
 }
