@@ -335,22 +335,26 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
           }
 }
 
-// Which CPUs keep OpenBLAS: its AVX-512 sets always, its AVX2 sets unless
-// the active kernels are AVX-512 on full-width pipes (Zen 5 under 0.3.21,
-// which calls it Haswell), an older fallback (Prescott) never; without AVX2
-// there is nothing else.
-TEST(Gemm, OpenBlasKeptWhereItsKernelsMatchTheCpu) {
+// Which CPUs keep OpenBLAS: its AVX-512 sets for the weight gradients beside
+// mha's AVX-512 kernel (mixed), or for everything under AVX2 kernels; its
+// AVX2 sets unless the active kernels are AVX-512 on full-width pipes (Zen 5
+// under 0.3.21, which calls it Haswell); an older fallback (Prescott) never;
+// without AVX2 there is nothing else.
+TEST(Gemm, BackendByOpenBlasKernelsAndCpu) {
+  using B = cpu::GemmBackend;
   for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
-    EXPECT_TRUE(cpu::openblas_suits(core, true, true)) << core;
-    EXPECT_TRUE(cpu::openblas_suits(core, true, false)) << core;
+    EXPECT_EQ(cpu::sgemm_backend_for(core, true, true, true), B::mixed) << core;
+    EXPECT_EQ(cpu::sgemm_backend_for(core, true, true, false), B::mixed) << core;
+    EXPECT_EQ(cpu::sgemm_backend_for(core, true, false, false), B::openblas) << core;  // AVX2 kernels forced
   }
   for (const char* core : {"Haswell", "Zen"}) {
-    EXPECT_TRUE(cpu::openblas_suits(core, true, false)) << core;
-    EXPECT_FALSE(cpu::openblas_suits(core, true, true)) << core;
+    EXPECT_EQ(cpu::sgemm_backend_for(core, true, false, false), B::openblas) << core;
+    EXPECT_EQ(cpu::sgemm_backend_for(core, true, true, false), B::openblas) << core;  // Zen 4
+    EXPECT_EQ(cpu::sgemm_backend_for(core, true, true, true), B::mha) << core;        // Zen 5
   }
-  EXPECT_FALSE(cpu::openblas_suits("Prescott", true, false));
-  EXPECT_FALSE(cpu::openblas_suits("Prescott", true, true));
-  EXPECT_TRUE(cpu::openblas_suits("Prescott", false, false));
+  EXPECT_EQ(cpu::sgemm_backend_for("Prescott", true, false, false), B::mha);
+  EXPECT_EQ(cpu::sgemm_backend_for("Prescott", true, true, true), B::mha);
+  EXPECT_EQ(cpu::sgemm_backend_for("Prescott", false, false, false), B::openblas);
 }
 
 // The FMA-rate probe behind that choice: each supported kind runs at a

@@ -54,22 +54,23 @@ const float* widen(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld, 
 // pipes are 512 bits wide: on the 2-core Zen 5, OpenBLAS's Haswell set ran
 // the training shapes at 160-200 GFLOP/s, mha's AVX-512 kernel at 200-360
 // (bench_gemm, 512-bit peak ~450).
-bool openblas_suits(const std::string& core, bool avx2, bool wide_avx512_active) {
-  if (!avx2) return true;
-  for (const char* avx512_core : {"SkylakeX", "Cooperlake", "SapphireRapids"})
-    if (core == avx512_core) return true;
-  for (const char* avx2_core : {"Haswell", "Zen"})
-    if (core == avx2_core) return !wide_avx512_active;
+namespace {
+bool avx512_core(const std::string& core) {
+  for (const char* name : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == name) return true;
   return false;
+}
+}  // namespace
+
+GemmBackend sgemm_backend_for(const std::string& core, bool avx2, bool avx512_active, bool wide_pipes) {
+  if (!avx2) return GemmBackend::openblas;
+  if (avx512_core(core)) return avx512_active ? GemmBackend::mixed : GemmBackend::openblas;
+  for (const char* avx2_core : {"Haswell", "Zen"})
+    if (core == avx2_core) return avx512_active && wide_pipes ? GemmBackend::mha : GemmBackend::openblas;
+  return GemmBackend::mha;
 }
 
 namespace {
-
-bool openblas_matches_cpu() {
-  const bool avx2 = __builtin_cpu_supports("avx2");
-  return openblas_suits(openblas_get_corename(), avx2,
-                        avx2 && active_isa() == Isa::avx512 && avx512_doubles_fma_rate());
-}
 
 // OpenBLAS's thread count while any product of mha's is in flight: 1, so
 // that OpenMP's team is the only one running; restored when the last one
@@ -225,8 +226,9 @@ std::string to_string(GemmBackend backend) {
   return "mixed";
 }
 
-// Where OpenBLAS suits the CPU and the active kernels are AVX-512 on full-width
-// pipes: mixed. mha's kernel adds the bias in its first accumulators and
+// Where OpenBLAS runs its AVX-512 kernels and mha's are AVX-512 too: mixed
+// (decided by names, not by timing, so that a run and its resumption choose
+// alike). mha's kernel adds the bias in its first accumulators and
 // writes C once; OpenBLAS's sgemm zeroes C (or mha fills it with the bias)
 // and then adds the product into it, a second pass over an output of up to
 // 16 MiB at the long shape. Measured on a 2-vCPU AVX-512 Xeon, training
@@ -241,8 +243,10 @@ GemmBackend sgemm_backend() {
     if (const char* env = std::getenv("MHA_GEMM"))
       for (GemmBackend b : {GemmBackend::openblas, GemmBackend::mha, GemmBackend::mixed})
         if (to_string(b) == env) return b;
-    if (!openblas_matches_cpu()) return GemmBackend::mha;
-    return active_isa() == Isa::avx512 && avx512_doubles_fma_rate() ? GemmBackend::mixed : GemmBackend::openblas;
+    const std::string core = openblas_get_corename();
+    const bool avx512 = active_isa() == Isa::avx512;  // the probe (~2 ms) only where it decides
+    return sgemm_backend_for(core, __builtin_cpu_supports("avx2"), avx512,
+                             avx512 && !avx512_core(core) && avx512_doubles_fma_rate());
   }();
   return chosen;
 }

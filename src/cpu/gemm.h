@@ -15,8 +15,8 @@ namespace mha::cpu {
 // avx512 or avx2 kernels of active_isa(); OpenBLAS on the scalar path),
 // OpenBLAS, or mixed: mha's kernel where op(A) is A (forward products and
 // input gradients, bias fused), OpenBLAS where it is Aᵀ (weight gradients).
-// mha's when OpenBLAS runs kernels older than the CPU, mixed where the
-// active kernels are AVX-512 on full-width pipes, else OpenBLAS (gemm.cpp
+// mha's when OpenBLAS runs kernels older than the CPU, mixed where both
+// OpenBLAS's kernels and the active ones are AVX-512, else OpenBLAS (gemm.cpp
 // has the measurements); MHA_GEMM=mha|openblas|mixed in the environment
 // decides instead. Chosen once per process, so every run computes the same sums.
 enum class GemmBackend { openblas, mha, mixed };
@@ -25,12 +25,13 @@ std::string to_string(GemmBackend backend);
 // Overrides the choice until called with nullopt (tests: both backends in
 // one process). Not for use while products run on other threads.
 void force_sgemm_backend(std::optional<GemmBackend> backend);
-// The rule behind it: whether OpenBLAS's kernel set `core` (its
-// openblas_get_corename()) suits a CPU with AVX2 (`avx2`) whose active
-// kernels are AVX-512 on pipes 512 bits wide (`wide_avx512_active`): an
-// AVX-512 set always, an AVX2 set (Haswell, Zen) unless the pipes are wide,
-// anything older never. Without AVX2 OpenBLAS is the only choice.
-bool openblas_suits(const std::string& core, bool avx2, bool wide_avx512_active);
+// The rule behind it, from OpenBLAS's kernel set `core` (its
+// openblas_get_corename()), whether the CPU has AVX2, whether mha's active
+// kernels are AVX-512 and whether their pipes are 512 bits wide (asked only
+// for an AVX2 set): an AVX-512 set mixed under AVX-512 kernels, else
+// OpenBLAS; an AVX2 set (Haswell, Zen) OpenBLAS unless AVX-512 runs on wide
+// pipes (then mha); anything older mha. Without AVX2, OpenBLAS.
+GemmBackend sgemm_backend_for(const std::string& core, bool avx2, bool avx512_active, bool wide_pipes);
 
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
