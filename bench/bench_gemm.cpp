@@ -6,7 +6,8 @@
 // dyᵀ·x (M = out, N = in, K = rows), for the attention projections and both
 // feed-forward layers. A third column times OpenBLAS as the layers call it
 // (cpu::gemm: rows or columns split over OpenMP's threads, one OpenBLAS
-// thread each; cpu/gemm.cpp). A fourth times the bfloat16 product of
+// thread each; cpu/gemm.cpp; 0.0 where the layers do not use OpenBLAS,
+// whose kernels are then older than the CPU). A fourth times the bfloat16 product of
 // bf16-mixed training (cpu::gemm on bfloat16 operands, float32 C: AMX tiles,
 // vdpbf16ps or widened to float32 as cpu::bf16_products() chose, or
 // MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs. A fifth times
@@ -14,7 +15,8 @@
 // installed: loaded with dlopen and RTLD_LOCAL, so that its CBLAS and BLAS
 // symbols cannot take the place of OpenBLAS's in this process; on AVX-512
 // CPUs with BLIS_ARCH_TYPE=skx unless set (BLIS 0.9 cannot count the FMA
-// units of newer Xeons and falls back to its 256-bit haswell kernels).
+// units of newer Xeons and falls back to its 256-bit haswell kernels); 0.0
+// where it is not installed.
 //   build/bench/bench_gemm [--reps 7]
 #include <cblas.h>
 #include <dlfcn.h>
@@ -129,8 +131,8 @@ int main(int argc, char** argv) {
         return flops / t[t.size() / 2] / 1e9;
       };
       std::printf("%-6s %-12s %6lld %6lld %6lld %3d %3d %10.1f %10.1f %10.1f %10.1f %10.1f\n", c.name, p.name,
-                  (long long)p.m, (long long)p.n, (long long)p.k, p.ta, p.tb, rate(t_ours), rate(t_blas), rate(t_split),
-                  rate(t_half), blis_sgemm ? rate(t_blis) : 0.0);
+                  (long long)p.m, (long long)p.n, (long long)p.k, p.ta, p.tb, rate(t_ours), rate(t_blas),
+                  openblas_suits ? rate(t_split) : 0.0, rate(t_half), blis_sgemm ? rate(t_blis) : 0.0);
     }
   }
   return 0;
