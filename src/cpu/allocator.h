@@ -6,6 +6,10 @@
 // again. The idle blocks kept hold at most the most bytes ever in use at once
 // (256 MiB at least), so a training step whose activations outgrow 256 MiB
 // still finds all of them again; past that the least recently freed go first.
+// A request the cache cannot serve frees idle blocks first, oldest first, until
+// what the process holds (in use, idle and the new block) is at most a quarter
+// over the most ever in use: idle blocks of sizes no longer asked for do not
+// stay beside fresh ones.
 // Blocks for 4 MiB and up start on 2 MiB boundaries, their whole 2 MiB pages
 // within the request asked to be transparent huge pages (allocator.cpp).
 // Off under AddressSanitizer, so that use-after-free is caught.
