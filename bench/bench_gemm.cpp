@@ -7,10 +7,10 @@
 // feed-forward layers. A third column times OpenBLAS as the layers call it
 // (cpu::gemm: rows or columns split over OpenMP's threads, one OpenBLAS
 // thread each; cpu/gemm.cpp; 0.0 where the layers do not use OpenBLAS,
-// whose kernels are then older than the CPU). A fourth times the bfloat16 product of
-// bf16-mixed training (cpu::gemm on bfloat16 operands, float32 C: AMX tiles,
-// vdpbf16ps or widened to float32 as cpu::bf16_products() chose, or
-// MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs. A fifth times
+// whose kernels are then older than the CPU). A fourth times the bfloat16
+// product of bf16-mixed training (cpu::gemm on bfloat16 operands, float32
+// C: AMX tiles, vdpbf16ps or widened to float32 as cpu::bf16_products()
+// chose, or MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs. A fifth times
 // BLIS 0.9 (Debian's libblis4-openmp, on OpenMP's threads) where it is
 // installed: loaded with dlopen and RTLD_LOCAL, so that its CBLAS and BLAS
 // symbols cannot take the place of OpenBLAS's in this process; on AVX-512

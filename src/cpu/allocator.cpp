@@ -136,8 +136,6 @@ void* host_allocate(size_t bytes) {
       c.idle_bytes -= rounded;
       return handed_out(p);
     }
-  }
-  {
     // A miss: a fresh block's pages are new to the process. Idle blocks
     // that would lift what it holds (in use, idle and this block) past a
     // quarter over the most ever in use go first, oldest first (a quarter:
@@ -145,7 +143,6 @@ void* host_allocate(size_t bytes) {
     // blocks of sizes no longer asked for stay beside fresh ones: training at
     // long held 306 MiB for tensors peaking at 206, now 262-264 (mid 234 ->
     // 224, wide 1266 -> 1217; tokens/s and steady-state page faults even).
-    std::lock_guard<std::mutex> lock(c.mutex);
     const size_t used = in_use.load(std::memory_order_relaxed) + rounded;
     const size_t hw = std::max(high_water.load(std::memory_order_relaxed), used);
     evict_for(c, used, hw + hw / 4);

@@ -54,17 +54,10 @@ const float* widen(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld, 
 // pipes are 512 bits wide: on the 2-core Zen 5, OpenBLAS's Haswell set ran
 // the training shapes at 160-200 GFLOP/s, mha's AVX-512 kernel at 200-360
 // (bench_gemm, 512-bit peak ~450).
-namespace {
-bool avx512_core(const std::string& core) {
-  for (const char* name : {"SkylakeX", "Cooperlake", "SapphireRapids"})
-    if (core == name) return true;
-  return false;
-}
-}  // namespace
-
 GemmBackend sgemm_backend_for(const std::string& core, bool avx2, bool avx512_active, bool wide_pipes) {
   if (!avx2) return GemmBackend::openblas;
-  if (avx512_core(core)) return avx512_active ? GemmBackend::mixed : GemmBackend::openblas;
+  for (const char* avx512_core : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == avx512_core) return avx512_active ? GemmBackend::mixed : GemmBackend::openblas;
   for (const char* avx2_core : {"Haswell", "Zen"})
     if (core == avx2_core) return avx512_active && wide_pipes ? GemmBackend::mha : GemmBackend::openblas;
   return GemmBackend::mha;
@@ -246,10 +239,9 @@ GemmBackend sgemm_backend() {
     if (const char* env = std::getenv("MHA_GEMM"))
       for (GemmBackend b : {GemmBackend::openblas, GemmBackend::mha, GemmBackend::mixed})
         if (to_string(b) == env) return b;
-    const std::string core = openblas_get_corename();
-    const bool avx512 = active_isa() == Isa::avx512;  // the probe (~2 ms) only where it decides
-    return sgemm_backend_for(core, __builtin_cpu_supports("avx2"), avx512,
-                             avx512 && !avx512_core(core) && avx512_doubles_fma_rate());
+    const bool avx512 = active_isa() == Isa::avx512;
+    return sgemm_backend_for(openblas_get_corename(), __builtin_cpu_supports("avx2"), avx512,
+                             avx512 && avx512_doubles_fma_rate());
   }();
   return chosen;
 }

@@ -27,8 +27,8 @@ std::string to_string(GemmBackend backend);
 void force_sgemm_backend(std::optional<GemmBackend> backend);
 // The rule behind it, from OpenBLAS's kernel set `core` (its
 // openblas_get_corename()), whether the CPU has AVX2, whether mha's active
-// kernels are AVX-512 and whether their pipes are 512 bits wide (asked only
-// for an AVX2 set): an AVX-512 set mixed under AVX-512 kernels, else
+// kernels are AVX-512 and whether their pipes are 512 bits wide (it decides
+// only for an AVX2 set): an AVX-512 set mixed under AVX-512 kernels, else
 // OpenBLAS; an AVX2 set (Haswell, Zen) OpenBLAS unless AVX-512 runs on wide
 // pipes (then mha); anything older mha. Without AVX2, OpenBLAS.
 GemmBackend sgemm_backend_for(const std::string& core, bool avx2, bool avx512_active, bool wide_pipes);
