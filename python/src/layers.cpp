@@ -170,7 +170,8 @@ void bind_mha(py::module_& m) {
   py::class_<MhaState>(m, "MultiheadAttentionState")
       .def(
           "backward",
-          [](MhaState& s, const py::object& dout, const py::object& dweights) {
+          // py::tuple named: pybind11 3 types each make_tuple by its elements.
+          [](MhaState& s, const py::object& dout, const py::object& dweights) -> py::tuple {
             const char* fn = "mha.MultiheadAttention.backward";
             Tensor dy = to_tensor(dout, fn, "grad_output"), dw = to_tensor(dweights, fn, "grad_weights");
             nn::MultiheadAttentionInputGradients g;
