@@ -16,7 +16,7 @@ from . import _mha
 from ._mha import __version__
 from ._mha import (ArgumentError, DeviceError, DtypeError, FormatError, MemoryError, NumericalError, ShapeError,
                    StateError)
-from ._mha import memory_limit, set_memory_limit
+from ._mha import active_memory, memory_limit, peak_memory, reset_peak_memory, set_memory_limit
 from . import functional
 from ._checkpoint import Attention, TokenModel, VisionModel, load
 
@@ -29,7 +29,8 @@ else:
 
 __all__ = ["__version__", "functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
            "StateError", "FormatError", "NumericalError", "MemoryError",
-           "memory_limit", "set_memory_limit", "load", "TokenModel", "VisionModel", "Attention", "viz"]
+           "memory_limit", "set_memory_limit", "active_memory", "peak_memory",
+           "reset_peak_memory", "load", "TokenModel", "VisionModel", "Attention", "viz"]
 
 
 def __getattr__(name):

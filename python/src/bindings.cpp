@@ -97,6 +97,9 @@ PYBIND11_MODULE(_mha, m) {
         "Caps the tensor memory mha holds at once (0: the machine's memory); a larger tensor raises MemoryError "
         "before anything is allocated.");
   m.def("memory_limit", &memory_limit, "The tensor memory limit in bytes.");
+  m.def("active_memory", &active_memory, "Bytes of tensor memory mha holds now.");
+  m.def("peak_memory", &peak_memory, "The most bytes of tensor memory mha has held at once since the last reset.");
+  m.def("reset_peak_memory", &reset_peak_memory, "Makes the peak the memory held now.");
   m.def("attention_forward", &forward, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("attn_mask") = py::none(), py::arg("causal") = "none", py::arg("window_left") = -1,
         py::arg("window_right") = -1, py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0,

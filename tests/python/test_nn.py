@@ -237,3 +237,41 @@ def test_errors():
     x = torch.randn(L, N, E, requires_grad=True)
     m(x, x, x)[1].square().sum().backward()  # a loss on the weights alone reaches the input
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def _layer_and_input():
+    torch.manual_seed(0)
+    layer = mha.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+    return layer, torch.randn(4, 48, 32, requires_grad=True)
+
+
+def test_state_freed_after_backward_while_the_output_lives():
+    # A training loop keeps the last step's output (logits = model(ids)) until the next forward has run;
+    # the saved activations must go with the backward, as torch's own layers' saved tensors do, not with
+    # the graph: held, the next forward's peak held them twice.
+    layer, x = _layer_and_input()
+    base = mha.active_memory()
+    y = layer(x, is_causal=True)
+    saved = mha.active_memory() - base  # the output and the activations kept for backward
+    y.sum().backward()
+    y2 = layer(x, is_causal=True)
+    held = mha.active_memory() - base  # y2's output and activations, y's output, the gradients (mha's memory)
+    kept = 4 * (y.numel() + x.numel() + sum(p.numel() for p in layer.parameters()))
+    assert saved > kept, f"the forward saved {saved} bytes"
+    assert held <= saved + kept, f"after the next forward {held} bytes held (one step: {saved}, kept: {kept})"
+    with pytest.raises(RuntimeError):  # as torch: the graph's buffers are gone
+        y.sum().backward()
+    del y2
+
+
+def test_retained_graph_backward_twice():
+    layer, x = _layer_and_input()
+    y = layer(x, is_causal=True)
+    y.sum().backward(retain_graph=True)
+    first = [p.grad.clone() for p in layer.parameters()] + [x.grad.clone()]
+    layer(x, is_causal=True)  # another forward between the two backwards keeps y's state
+    y.sum().backward()
+    second = [p.grad for p in layer.parameters()] + [x.grad]
+    for a, b in zip(first, second):
+        compare(b, 2 * a, "gradient after two backwards of a retained graph")
