@@ -70,11 +70,12 @@ class Model(torch.nn.Module):
     def forward(self, ids):
         T = ids.shape[1]
         x = self.embedding(ids) + sinusoidal(T, self.embedding.embedding_dim)
-        mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
-        for layer in self.layers:
-            if self.layer_kind == "mha":
+        if self.layer_kind == "mha":  # is_causal: no T × T mask (at long, 2 × 16.6 MB to build it)
+            for layer in self.layers:
                 x = layer(x, is_causal=True)
-            else:
+        else:
+            mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
+            for layer in self.layers:
                 x = layer(x, src_mask=mask)
         return self.head(self.norm(x))
 
