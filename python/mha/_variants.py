@@ -14,6 +14,7 @@ dims that must match (no broadcasting, as in the C++ API).
     axial_attention          along rows, then columns, of (..., rows, cols, E)
 """
 from . import _mha
+from ._autograd import drop_freed, ran_backward
 from ._convert import is_torch, to_numpy, to_torch, torch
 
 __all__ = ["block_sparse_attention", "strided_layout", "bigbird_layout", "block_sparse_mask", "linear_attention",
@@ -60,6 +61,7 @@ if torch is not None:
     class _Variant(torch.autograd.Function):
         @staticmethod
         def forward(ctx, fn, forward, names, outputs, *tensors):
+            drop_freed()
             *results, bf16 = _call(fn, forward, names, tensors)
             ctx.call, ctx.bf16, ctx.fn, ctx.inputs = results[-1], bf16, fn, len(tensors)
             out = tuple(to_torch(r, bf16) for r in results[:outputs])
@@ -69,9 +71,14 @@ if torch is not None:
 
         @staticmethod
         def backward(ctx, dout, *_rest):
+            drop_freed()
             if dout is None:  # only the non-differentiable outputs were used
                 return (None,) * (4 + ctx.inputs)
+            if ctx.call is None:  # dropped: nothing saved for torch to refuse a second backward by
+                raise RuntimeError(f"[{ctx.fn}.backward] graph: expected one not yet freed by a backward; got a "
+                                   f"second backward through it (pass retain_graph=True to the first)")
             grads = ctx.call.backward(to_numpy(dout.contiguous(), ctx.fn + ".backward", "grad_out")[0])
+            ran_backward(ctx, "call")  # what the C++ call saved, once autograd frees the graph
             return (None, None, None, None) + tuple(to_torch(g, ctx.bf16) for g in grads)
 
 

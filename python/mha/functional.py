@@ -18,6 +18,7 @@ The efficient variants (block sparse, linear, Performer, Linformer, LSH,
 axial) are here too; see their module, mha._variants.
 """
 from . import _mha
+from ._autograd import drop_freed, ran_backward
 from ._convert import draw_seed, is_torch, mask_to_numpy, to_numpy, to_torch, torch
 from ._variants import *  # noqa: F401,F403  (the efficient variants)
 from ._variants import __all__ as _variants_all
@@ -76,6 +77,7 @@ if torch is not None:
 
         @staticmethod
         def forward(ctx, query, key, value, attn_mask, cfg, return_weights):
+            drop_freed()
             fn = "mha.functional.attention"
             q, bf16 = to_numpy(query, fn, "query")
             k, v = to_numpy(key, fn, "key")[0], to_numpy(value, fn, "value")[0]
@@ -92,6 +94,7 @@ if torch is not None:
         @staticmethod
         def backward(ctx, dout, dweights, _dlse):
             # A loss on the returned weights adds their gradient to the softmax's (the C++ reference path).
+            drop_freed()
             query, key, value, mask, out, lse = ctx.saved_tensors
             if dout is None and dweights is None:
                 return (None,) * 6
@@ -108,4 +111,5 @@ if torch is not None:
             dmask = to_torch(dmask)
             if dmask is not None:
                 dmask = dmask.to(mask.dtype)
+            ran_backward(ctx, "mask")  # the mask as converted (a copy for bfloat16 or bytes)
             return (to_torch(dq, ctx.bf16), to_torch(dk, ctx.bf16), to_torch(dv, ctx.bf16), dmask, None, None)

@@ -14,8 +14,6 @@ its own pattern (seeded from torch's generator), so it matches PyTorch in
 distribution, not element by element.
 """
 import math
-import threading
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +21,7 @@ from torch.nn import Dropout, LayerNorm, Linear, Parameter
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from . import _mha
+from ._autograd import drop_freed, ran_backward
 from ._convert import draw_seed, mask_to_numpy, to_numpy, to_torch
 
 __all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer"]
@@ -59,41 +58,12 @@ def _check_mask(mask, fn, name):
                          f"differentiate masks in the nn layers); got requires_grad=True")
 
 
-# Contexts of _Layer whose backward has run, as weak references. Autograd frees
-# a Function's saved tensors after its backward (unless retain_graph), not the
-# attributes set on its ctx, which live as long as the graph does: with a
-# training loop's `logits = model(ids)`, until the next step's forward has
-# run, so the C++ state (every activation the layer saved) was held twice at
-# that forward's peak (mid: 285 against 207 MiB of mha's tensors). Each
-# _Layer call first drops the state of those contexts whose saved tensors
-# autograd has freed (reading them then raises): the previous layers' within a
-# backward, the last one's at the next forward.
-_ran_backward = []
-_ran_backward_lock = threading.Lock()
-
-
-def _drop_freed_states():
-    with _ran_backward_lock:
-        refs = _ran_backward[:]
-        _ran_backward.clear()
-    for ref in refs:
-        ctx = ref()
-        if ctx is None:
-            continue
-        try:
-            ctx._raw_saved_tensors  # without unpacking them (no saved-tensor hook runs)
-        except RuntimeError:  # freed: no second backward can come
-            ctx.state = ctx.output = None
-        except AttributeError:  # a torch without it: the state lives as long as the graph
-            pass
-
-
 class _Layer(torch.autograd.Function):
     """Runs a C++ layer: run(inputs, params) -> (outputs, state); state.backward(dy) -> grads."""
 
     @staticmethod
     def forward(ctx, run, n_inputs, *tensors):
-        _drop_freed_states()
+        drop_freed()
         fn = "mha.nn"
         inputs = [to_numpy(t, fn, "input")[0] for t in tensors[:n_inputs]]
         params = [to_numpy(p, fn, "parameter")[0] for p in tensors[n_inputs:]]
@@ -108,7 +78,7 @@ class _Layer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, *dextra):
         # dextra: MultiheadAttention's attn_output_weights, whose gradient joins the output's.
-        _drop_freed_states()
+        drop_freed()
         params = ctx.saved_tensors
         dweights = dextra[0] if dextra else None
         if dy is None and dweights is None:
@@ -118,8 +88,7 @@ class _Layer(torch.autograd.Function):
         extra = {} if dweights is None else {"grad_weights": to_numpy(dweights.contiguous(), "mha.nn", "grad")[0]}
         *input_grads, param_grads = ctx.state.backward(to_numpy(dy.contiguous(), "mha.nn", "grad")[0], **extra)
         grads = [to_torch(g) for g in input_grads] + [to_torch(g) for g in param_grads]
-        with _ran_backward_lock:
-            _ran_backward.append(weakref.ref(ctx))
+        ran_backward(ctx, "state", "output")  # the saved activations, once autograd frees the graph
         return (None, None) + tuple(grads)
 
 

@@ -256,3 +256,24 @@ def test_module_bad_attention_names_the_field():
         mha.nn.MultiheadAttention(8, 2, attention="sparse")
     with pytest.raises(ValueError):
         mha.nn.MultiheadAttention(8, 2, dropout=0.1, attention="linear")
+
+
+@pytest.mark.parametrize("call", [lambda q, k, v: F.linear_attention(q, k, v, causal=True),
+                                  lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)])
+def test_backward_twice_with_a_retained_graph_and_once_without(call):
+    # The C++ state kept on the autograd ctx is dropped once autograd frees the graph's saved tensors
+    # (mha/_autograd.py): a retained graph keeps it for a second backward; a freed one refuses as torch does.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, requires_grad=True) for _ in range(3))
+    y = call(q, k, v)
+    y.sum().backward(retain_graph=True)
+    first = [t.grad.clone() for t in (q, k, v)]
+    call(q, k, v).sum().backward()  # another call and backward between the two
+    for t in (q, k, v):
+        t.grad = None
+    y.sum().backward()
+    for a, t in zip(first, (q, k, v)):
+        assert torch.allclose(t.grad, a), "the retained graph's second backward"
+    call(q, k, v)  # drops y's state: its saved tensors are freed now
+    with pytest.raises(RuntimeError):
+        y.sum().backward()
