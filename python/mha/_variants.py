@@ -74,9 +74,7 @@ if torch is not None:
             drop_freed()
             if dout is None:  # only the non-differentiable outputs were used
                 return (None,) * (4 + ctx.inputs)
-            if ctx.call is None:  # dropped: nothing saved for torch to refuse a second backward by
-                raise RuntimeError(f"[{ctx.fn}.backward] graph: expected one not yet freed by a backward; got a "
-                                   f"second backward through it (pass retain_graph=True to the first)")
+            ctx.saved_tensors  # none saved, but torch refuses a second backward through a freed graph here
             grads = ctx.call.backward(to_numpy(dout.contiguous(), ctx.fn + ".backward", "grad_out")[0])
             ran_backward(ctx, "call")  # what the C++ call saved, once autograd frees the graph
             return (None, None, None, None) + tuple(to_torch(g, ctx.bf16) for g in grads)
