@@ -5,9 +5,10 @@
 //   bench_attention              the table of docs/benchmarks.md
 //   bench_attention --quick      a few rows
 //   bench_attention --memory L   forward+backward of one head at L=S (E=64): peak extra MiB
-//   bench_attention --shape BH L E causal threads reps [bfloat16]
+//   bench_attention --shape BH L E causal threads reps [bfloat16] [keep]
 //                                median forward and backward ms of one shape, float32 or
-//                                bfloat16 (MHA_BF16_GEMM=dot|amx|widen picks its kernels; for scripts)
+//                                bfloat16 (MHA_BF16_GEMM=dot|amx|widen picks its kernels; for scripts);
+//                                keep: the forward keeps its scores for the backward (keep_scores_bytes)
 //
 // Memory is measured in a fresh process (this program run again with
 // --memory-case), so that memory freed by earlier runs cannot hide a peak.
@@ -145,8 +146,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--memory-case") && i + 4 < argc) return memory_case(argv + i + 1);
     else if (!std::strcmp(argv[i], "--shape") && i + 6 < argc) {
       const Shape4 s{std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), std::atoll(argv[i + 2]), std::atoll(argv[i + 3])};
-      const AttentionOptions o{.causal = std::atoi(argv[i + 4]) ? Causal::top_left : Causal::none};
-      const DType dtype = i + 7 < argc && !std::strcmp(argv[i + 7], "bfloat16") ? DType::bfloat16 : DType::float32;
+      AttentionOptions o{.causal = std::atoi(argv[i + 4]) ? Causal::top_left : Causal::none};
+      DType dtype = DType::float32;
+      for (int x = i + 7; x < argc; ++x) {
+        if (!std::strcmp(argv[x], "bfloat16")) dtype = DType::bfloat16;
+        else if (!std::strcmp(argv[x], "keep")) o.keep_scores_bytes = int64_t(1) << 40;
+      }
       const Result r = measure(s, dtype, o, std::atoi(argv[i + 5]), std::atoi(argv[i + 6]), false);
       std::printf("%.3f %.3f\n", r.fwd_s * 1e3, r.bwd_s * 1e3);
       return 0;

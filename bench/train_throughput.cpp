@@ -16,6 +16,7 @@
 // forward (QKᵀ and PV over the visible pairs), × 3.5 with backward.
 //
 //   build/bench/train_throughput --config mid [--steps 20] [--warmup 3] [--precision bf16-mixed]
+//                                [--score-memory-mib M]
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +28,7 @@
 #include "cpu/gemm.h"
 #include "measure.h"
 #include "mha/memory.h"
+#include "mha/nn/multihead_attention.h"
 #include "mha/train/trainer.h"
 #include "peak.h"
 
@@ -54,7 +56,12 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--precision", precision, "float32 or bf16-mixed")->capture_default_str();
+  int64_t score_mib = -1;
+  app.add_option("--score-memory-mib", score_mib,
+                 "MiB each attention call may keep its scores in for the backward (nn::set_score_memory_limit; "
+                 "-1: the library's default)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (score_mib >= 0) nn::set_score_memory_limit(score_mib << 20);
   const auto found = kConfigs.find(config);
   if (found == kConfigs.end()) {
     std::fprintf(stderr, "train_throughput: --config: expected small, mid, wide or long; got %s\n", config.c_str());
@@ -100,9 +107,9 @@ int main(int argc, char** argv) {
   const double gflops = flops[flops.size() / 2] / 1e9, copy_gbs = bench::copy_bandwidth_gbs(threads);
   std::printf("{\"system\": \"mha\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"tokens_per_second\": %.1f, "
               "\"gflops\": %.2f, \"peak_gflops\": %.1f, \"percent_of_peak\": %.1f, \"copy_gbs\": %.1f, \"peak_extra_mib\": %.1f, "
-              "\"peak_tensor_mib\": %.1f, \"dense_parameters\": %lld, \"cpu\": \"%s\", \"cpu_isa\": \"%s\", \"kernels\": \"%s\", \"gemm\": \"%s\"}\n",
+              "\"peak_tensor_mib\": %.1f, \"score_memory_mib\": %lld, \"dense_parameters\": %lld, \"cpu\": \"%s\", \"cpu_isa\": \"%s\", \"kernels\": \"%s\", \"gemm\": \"%s\"}\n",
               config.c_str(), precision.c_str(), threads, rates[rates.size() / 2], gflops, peak, 100 * gflops / peak, copy_gbs,
-              extra_mib, double(peak_memory()) / (1 << 20), (long long)dense, bench::cpu_name().c_str(),
+              extra_mib, double(peak_memory()) / (1 << 20), (long long)(nn::score_memory_limit() >> 20), (long long)dense, bench::cpu_name().c_str(),
               __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", cpu::to_string(cpu::active_isa()).c_str(),
               cpu::to_string(cpu::sgemm_backend()).c_str());
   return 0;

@@ -168,6 +168,9 @@ AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
   if (o.causal == Causal::top_left) p.hi_shift = std::min<int64_t>(p.hi_shift, 1);
   if (o.causal == Causal::bottom_right) p.hi_shift = std::min<int64_t>(p.hi_shift, diagonal + 1);
   p.return_weights = o.return_weights;
+  if (o.keep_scores_bytes < 0)
+    raise<ValueError>(fn, "keep_scores_bytes", ">= 0 (0: keep no scores)", std::to_string(o.keep_scores_bytes));
+  p.keep_scores_bytes = o.keep_scores_bytes;
   return p;
 }
 

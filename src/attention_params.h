@@ -39,6 +39,7 @@ struct AttentionParams {
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
   bool return_weights = false;
+  int64_t keep_scores_bytes = 0;  // AttentionOptions'
   // Backward only: the gradient of the returned weights, contiguous (batch…,
   // L, S) in dtype; undefined when the loss did not use them.
   Tensor dweights;

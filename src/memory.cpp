@@ -71,11 +71,12 @@ size_t checked_bytes(const Shape& shape, DType dtype, const char* fn) {
   bool overflow = false;
   for (int64_t d : shape) overflow |= __builtin_mul_overflow(bytes, uint64_t(d), &bytes);
   const int64_t in_use = active_memory(), cap = memory_limit();
-  const std::string what = "shape " + shape_string(shape) + " of " + to_string(dtype);
+  // Named only on the way to an error: every tensor allocation passes here.
+  const auto what = [&] { return "shape " + shape_string(shape) + " of " + to_string(dtype); };
   if (overflow || bytes > uint64_t(std::numeric_limits<int64_t>::max()))
-    raise<MemoryError>(fn, what, "a size that fits in 2^63 bytes", "one that does not");
+    raise<MemoryError>(fn, what(), "a size that fits in 2^63 bytes", "one that does not");
   if (int64_t(bytes) > cap - in_use)
-    raise<MemoryError>(fn, what,
+    raise<MemoryError>(fn, what(),
                        "at most " + gib(double(std::max<int64_t>(0, cap - in_use))) + " more (the limit " + gib(double(cap)) +
                            (limit.load(std::memory_order_relaxed) > 0 ? " set by set_memory_limit" : ", the machine's memory") +
                            ", less " + gib(double(in_use)) + " in use)",

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
 #include "cpu/scratch.h"
+#include "mha/nn/multihead_attention.h"
 #include "testing.h"
 
 using namespace mha;
@@ -564,7 +566,92 @@ TEST_P(EachIsa, DeterministicAcrossThreadCounts) {
   }
 }
 
+// Bit for bit, as contiguous float32 (NaN included).
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return x.shape() == y.shape() && x.dtype() == y.dtype() &&
+         std::memcmp(x.raw_data(), y.raw_data(), size_t(x.numel()) * dtype_size(x.dtype())) == 0;
+}
+
+// Scores kept by the forward (keep_scores_bytes) give the backward the same
+// sums as computing Q·Kᵀ again: the same bits, on one thread (whole entries)
+// and two (one entry split into key and query tiles), with every feature;
+// kept only by the float32 kernels without a left window and within the budget.
+TEST_P(EachIsa, KeptScoresGiveTheSameGradients) {
+  std::vector<FlashCase> cases = feature_cases();
+  for (const FlashCase& c : shape_cases())
+    if (c.q.size() == 4 && c.q[2] % 2 == 1) cases.push_back(c);  // L = 1, 17, 63, 65, 1025 against every S
+  cases.push_back({"one entry, causal", {1, 130, 32}, {1, 130, 32}, {1, 130, 32}, {.causal = Causal::top_left}});
+  const int saved = omp_get_max_threads();
+  for (const FlashCase& c : cases)
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(c.name + ", " + std::to_string(threads) + " threads on " + cpu::to_string(cpu::active_isa()));
+      omp_set_num_threads(threads);
+      Tensor q = random_tensor(c.q, 1, DType::float32), k = random_tensor(c.k, 2, DType::float32),
+             v = random_tensor(c.v, 3, DType::float32);
+      AttentionOptions plain = c.options, keep = c.options;
+      plain.path = keep.path = AttentionPath::fused;
+      keep.keep_scores_bytes = int64_t(1) << 40;
+      const AttentionOutput a = attention_forward(q, k, v, plain), b = attention_forward(q, k, v, keep);
+      EXPECT_FALSE(a.scores.defined());
+      const bool left_window = c.options.window_left >= 0;
+      const bool by_rows = 4 * c.q[c.q.size() - 2] <= (cpu::active_isa() == cpu::Isa::avx512 ? 16 : 8) && c.options.dropout_p == 0;
+      EXPECT_EQ(b.scores.defined(), !left_window && !by_rows);
+      EXPECT_TRUE(same_bits(a.out, b.out));
+      EXPECT_TRUE(same_bits(a.lse, b.lse));
+      const Tensor dout = random_tensor(a.out.shape(), 4, DType::float32);
+      const AttentionGradients ga = attention_backward(dout, q, k, v, a, plain), gb = attention_backward(dout, q, k, v, b, keep);
+      EXPECT_TRUE(same_bits(ga.dquery, gb.dquery));
+      EXPECT_TRUE(same_bits(ga.dkey, gb.dkey));
+      EXPECT_TRUE(same_bits(ga.dvalue, gb.dvalue));
+      // Scores of another shape are not read: the backward computes them again.
+      if (b.scores.defined()) {
+        AttentionOutput other = b;
+        other.scores = Tensor::zeros({b.scores.numel()});
+        EXPECT_TRUE(same_bits(attention_backward(dout, q, k, v, other, keep).dkey, ga.dkey));
+      }
+      // Over budget: none kept.
+      keep.keep_scores_bytes = 1;
+      EXPECT_FALSE(attention_forward(q, k, v, keep).scores.defined());
+    }
+  omp_set_num_threads(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(Flash, EachIsa, ::testing::ValuesIn(cpu::supported_isas()), isa_name);
+
+TEST(KeptScores, NotForBfloat16ProductsNorNegativeBudgets) {
+  Tensor q = random_tensor({2, 40, 16}, 1, DType::bfloat16);
+  const AttentionOptions keep{.causal = Causal::top_left, .keep_scores_bytes = int64_t(1) << 30};
+  const AttentionOutput f = attention_forward(q, q, q, keep);
+  EXPECT_EQ(f.scores.defined(), cpu::bf16_products() == cpu::Bf16Products::widen || cpu::active_isa() != cpu::Isa::avx512);
+  const AttentionGradients g = attention_backward(random_tensor(f.out.shape(), 2, DType::bfloat16), q, q, q, f, keep);
+  EXPECT_TRUE(all_finite(g.dquery));
+  EXPECT_THROW(attention_forward(q, q, q, {.keep_scores_bytes = -1}), ValueError);
+  EXPECT_THROW(nn::set_score_memory_limit(-1), ValueError);
+}
+
+// A layer in training keeps them (nn::score_memory_limit()), and its gradients
+// are those of a layer that keeps none.
+TEST(KeptScores, TrainingLayerGradientsUnchanged) {
+  Generator gen(5);
+  nn::MultiheadAttention m({.embed_dim = 32, .num_heads = 4, .batch_first = true}, gen);
+  m.train(true);
+  const Tensor x = random_tensor({3, 70, 32}, 1, DType::float32), r = random_tensor({3, 70, 32}, 2, DType::float32);
+  const int64_t limit = nn::score_memory_limit();
+  std::vector<std::vector<double>> grads[2];
+  for (int64_t bytes : {int64_t(0), limit}) {
+    nn::set_score_memory_limit(bytes);
+    m.zero_grad();
+    m.forward(x, x, x, {.need_weights = false, .is_causal = true});
+    const nn::MultiheadAttentionInputGradients g = m.backward(r, {}, true);
+    auto& out = grads[bytes == 0 ? 0 : 1];
+    out.push_back(g.dquery.to_vector());
+    for (nn::NamedParameter& p : m.named_parameters()) out.push_back(p.grad->to_vector());
+  }
+  nn::set_score_memory_limit(limit);
+  EXPECT_GT(limit, 0);
+  EXPECT_EQ(grads[0], grads[1]);
+}
 
 TEST(FlashDispatch, PathRuleAndForcing) {
   Tensor q = random_tensor({1, 5, 4}, 1, DType::float32);

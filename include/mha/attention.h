@@ -58,12 +58,23 @@ struct AttentionOptions {
   uint64_t dropout_seed = 0;
   bool return_weights = false;
   AttentionPath path = AttentionPath::automatic;
+  // Memory the fused forward may spend, in bytes, to keep its scores (Q·Kᵀ,
+  // finished with the scale and the mask, in float32 tiles) for the
+  // backward, which then reads them instead of computing Q·Kᵀ again: one of
+  // its five products, with the same sums and so the same gradients. 0 (the
+  // default) keeps nothing, as FlashAttention: O(L) memory. Kept only by the
+  // float32 kernels (not the bfloat16 products, nor decoding's few rows),
+  // without a left window, and when all of them fit: about 4·batch·L·S bytes,
+  // half that causal. mha::nn::MultiheadAttention sets it in training
+  // (nn::score_memory_limit()).
+  int64_t keep_scores_bytes = 0;
 };
 
 struct AttentionOutput {
   Tensor out;      // (batch…, L, Ev), query's dtype
   Tensor lse;      // (batch…, L): log Σ_j exp(logit_ij); float64 for float64 inputs, else float32
   Tensor weights;  // (batch…, L, S), query's dtype; defined only when requested
+  Tensor scores;   // the kept scores (AttentionOptions::keep_scores_bytes), for the backward only: opaque
   AttentionPath path = AttentionPath::reference;  // the path that ran
 };
 

@@ -17,6 +17,7 @@ from ._mha import __version__
 from ._mha import (ArgumentError, DeviceError, DtypeError, FormatError, MemoryError, NumericalError, ShapeError,
                    StateError)
 from ._mha import active_memory, memory_limit, peak_memory, reset_peak_memory, set_memory_limit
+from ._mha import score_memory_limit, set_score_memory_limit
 from . import functional
 from ._checkpoint import Attention, TokenModel, VisionModel, load
 
@@ -30,6 +31,7 @@ else:
 __all__ = ["__version__", "functional", "nn", "ShapeError", "DtypeError", "ArgumentError", "DeviceError",
            "StateError", "FormatError", "NumericalError", "MemoryError",
            "memory_limit", "set_memory_limit", "active_memory", "peak_memory",
+           "score_memory_limit", "set_score_memory_limit",
            "reset_peak_memory", "load", "TokenModel", "VisionModel", "Attention", "viz"]
 
 

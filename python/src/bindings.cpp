@@ -10,6 +10,7 @@
 #include "mha/attention.h"
 #include "mha/errors.h"
 #include "mha/memory.h"
+#include "mha/nn/multihead_attention.h"
 #include "mha/version.h"
 
 namespace py = pybind11;
@@ -97,6 +98,10 @@ PYBIND11_MODULE(_mha, m) {
         "Caps the tensor memory mha holds at once (0: the machine's memory); a larger tensor raises MemoryError "
         "before anything is allocated.");
   m.def("memory_limit", &memory_limit, "The tensor memory limit in bytes.");
+  m.def("set_score_memory_limit", &nn::set_score_memory_limit, py::arg("bytes"),
+        "Bytes each attention call of an mha.nn layer in training may keep its scores in for the backward, which "
+        "then skips recomputing Q·Kᵀ (same gradients); 256 MiB unless set, 0 keeps none.");
+  m.def("score_memory_limit", &nn::score_memory_limit, "The per-call score memory limit in bytes.");
   m.def("active_memory", &active_memory, "Bytes of tensor memory mha holds now.");
   m.def("peak_memory", &peak_memory, "The most bytes of tensor memory mha has held at once since the last reset.");
   m.def("reset_peak_memory", &reset_peak_memory, "Makes the peak the memory held now.");

@@ -5,6 +5,7 @@
 #include "mha/nn/multihead_attention.h"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 
 #include "check.h"
@@ -236,6 +237,17 @@ bool same_view(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> score_limit{int64_t(256) << 20};
+}  // namespace
+
+void set_score_memory_limit(int64_t bytes) {
+  if (bytes < 0) raise<ValueError>("mha::nn::set_score_memory_limit", "bytes", ">= 0 (0: keep no scores)", std::to_string(bytes));
+  score_limit.store(bytes, std::memory_order_relaxed);
+}
+
+int64_t score_memory_limit() { return score_limit.load(std::memory_order_relaxed); }
+
 MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                                      const MultiheadAttentionInputs& in) {
   const MultiheadAttentionConfig& c = config_;
@@ -283,6 +295,7 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
     call.key_projection = linformer_key_projection, call.value_projection = linformer_value_projection;
     s.variant = std::make_shared<VariantSaved>();
   }
+  if (training_) s.options.keep_scores_bytes = score_memory_limit();
   if (training_ && c.dropout > 0) {
     s.options.dropout_p = c.dropout;
     s.options.dropout_seed = dropout_gen_.next_u64();

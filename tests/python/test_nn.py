@@ -275,3 +275,30 @@ def test_retained_graph_backward_twice():
     second = [p.grad for p in layer.parameters()] + [x.grad]
     for a, b in zip(first, second):
         compare(b, 2 * a, "gradient after two backwards of a retained graph")
+
+
+def test_kept_scores_leave_training_gradients_unchanged():
+    # In training, mha's layers keep each attention call's scores for the backward when they fit
+    # under mha.score_memory_limit() (C++ nn::set_score_memory_limit): the gradients are those of
+    # a run that computes them again, bit for bit.
+    torch.manual_seed(4)
+    m = mha.nn.MultiheadAttention(E, H, batch_first=True)
+    x = torch.randn(N, 70, E)
+    limit = mha.score_memory_limit()
+    assert limit > 0
+    grads = []
+    try:
+        for bytes_ in (0, limit):
+            mha.set_score_memory_limit(bytes_)
+            assert mha.score_memory_limit() == bytes_
+            m.zero_grad()
+            xi = x.clone().requires_grad_()
+            out, _ = m(xi, xi, xi, need_weights=False, is_causal=True)
+            out.square().sum().backward()
+            grads.append([xi.grad] + [p.grad.clone() for p in m.parameters()])
+        with pytest.raises(ValueError):
+            mha.set_score_memory_limit(-1)
+    finally:
+        mha.set_score_memory_limit(limit)
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -99,6 +99,15 @@ struct KVCache {
   int64_t length = 0;
 };
 
+// The memory each attention call of a layer in training mode may spend
+// keeping its scores for the backward (AttentionOptions::keep_scores_bytes),
+// per call, in bytes: the backward then skips one of its five products.
+// Process-wide; 256 MiB unless set (a causal call of 8 heads at L = 2040 keeps
+// ~66 MiB; at L = 16384, 4 GiB: that one recomputes them); 0 keeps none.
+// Throws ValueError below 0.
+void set_score_memory_limit(int64_t bytes);
+int64_t score_memory_limit();
+
 class MultiheadAttention : public Module {
  public:
   // Initialised as torch does: Xavier-uniform in-projections, zero biases,

@@ -50,6 +50,9 @@ struct FlashForwardTile {
   int64_t weights_row;        //   lse is an input and only the weights are written
   float* scratch;             // flash_forward_scratch(E, Ev, br) floats, 64-byte aligned
                               // (+ flash_bf16_scratch(br) for the bfloat16 kernel)
+  float* scores;              // null, or where to keep the tile's finished scores for the
+                              //   backward: key tile n (keys from n·kFlashKeyTile, the tile's
+                              //   key range starting at key 0) at scores + n·kFlashKeyTile·br
   // The bfloat16 kernel only: operands in pairs along each product's reduction.
   const uint16_t* qt2;        // (ceil(E/2), br, 2): query pairs (e, e+1) per lane; zero pad
   const uint16_t* k16;        // bf16 key rows, k16_row apart (even), 2·ceil(E/2) readable (zero pad)
@@ -98,6 +101,12 @@ struct FlashBackwardHead {
   // results do not depend on how the work was divided.
   int64_t key_begin, key_end, query_begin, query_end;
   bool want_dkdv, want_dq;
+  // The float32 tile kernel only: null, or the forward's kept scores
+  // (FlashForwardTile::scores) of this entry, query tile t's key tile 0 at
+  // scores + score_tiles[t]·kFlashKeyTile·br. The backward then reads S_T
+  // there instead of computing K·Q_Tᵀ again (the same sums, so the same bits).
+  const float* scores;
+  const int64_t* score_tiles;
   // The bfloat16 kernel only (then qt, q, dot, dout, k and v are unused):
   // operands in pairs along each product's reduction, zero padded.
   const uint16_t* qt2;    // (L_pad / br) tiles of (ceil(E/2), br, 2): query pairs (e, e+1) per lane

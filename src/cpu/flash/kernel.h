@@ -230,6 +230,12 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
     products.scores(j0, cols, st);
     const Vec c = Vec::set1(
         finish_scores(st, br, t.logit_scale, t.i0, t.rows, j0, cols, t.band, t.mask, t.mask_row, t.mask_col));
+    // Kept for the backward in streaming stores: written to memory without
+    // reading the lines first, and not left in the caches that the tile works in.
+    if (t.scores && !weights_pass) {
+      float* kept = t.scores + j0 / kFlashKeyTile * kFlashKeyTile * br;
+      for (int64_t x = 0; x < cols * br; x += W) Vec::load(st + x).stream(kept + x);
+    }
     if (t.dropout.fill) t.dropout.fill(t.dropout.ctx, t.i0, t.rows, j0, cols, factors, br);
 
     if (weights_pass) {
@@ -286,6 +292,7 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
     products.accumulate(j0, cols, st, ot);
   }
   if (weights_pass) return;
+  if (t.scores) stream_fence();  // the kept scores in memory before another thread reads them
 
   // l = 0: no key reached the row. A NaN l (a NaN or infinite logit) makes
   // the row's output and lse NaN, for the dispatcher to notice.
@@ -606,15 +613,30 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
     const int64_t q_hi = min64(min64(h.L, h.query_end), j0 + cols - h.band.lo_shift);
     for (int64_t i0 = q_lo / br * br; i0 < q_hi; i0 += br) {
       const int64_t rows = min64(br, h.L - i0), tile = i0 / br;
-      products.scores(j0, cols, tile, st);
-      const Vec c = Vec::set1(finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band,
-                                            h.mask ? h.mask + i0 * h.mask_row : nullptr, h.mask_row, h.mask_col));
+      // Kept scores: the forward finished the tile's keys up to its band's end
+      // (`kept` of them here); the keys past it are outside every row's band, P = 0.
+      const float* s = st;
+      int64_t kept = cols;
+      Vec c;
+      if (h.scores) {
+        int64_t lo, hi;
+        key_range(i0, rows, h.S, h.band, lo, hi);
+        kept = max64(0, min64(cols, hi - j0));
+        s = h.scores + h.score_tiles[tile] * kFlashKeyTile * br + j0 * br;
+        c = Vec::set1(h.mask ? 1.0f : h.logit_scale);  // finish_scores' multiplier
+        // From memory: on their way while dP's product runs.
+        for (int64_t x = 0; x < kept * br; x += 64 / int64_t(sizeof(float))) __builtin_prefetch(s + x, 0, 3);
+      } else {
+        products.scores(j0, cols, tile, st);
+        c = Vec::set1(finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band,
+                                    h.mask ? h.mask + i0 * h.mask_row : nullptr, h.mask_row, h.mask_col));
+      }
       products.dprobs(j0, cols, tile, dst);
       if (drop) h.dropout.fill(h.dropout.ctx, i0, rows, j0, cols, factors, br);
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          const Vec p = probability(Vec::load(st + j * br + v * W), c, lse2);
+          const Vec p = j < kept ? probability(Vec::load(s + j * br + v * W), c, lse2) : Vec::zero();
           Vec dp = Vec::load(dst + j * br + v * W);
           Vec pd = p;
           if (drop) {

@@ -5,6 +5,8 @@
 //   load(p) / store(p)      unaligned
 //   load_partial(p, n)      lanes >= n read as 0 (n < W)
 //   store_partial(p, n)
+//   stream(p)               a streaming (non-temporal) store, p aligned to the vector;
+//                           stream_fence() orders them before later stores (portable: plain)
 //   set1(x), zero()
 //   fma(a, b, c) = a·b + c, +, -, *, /, max(a, b), min(a, b), sqrt(a), abs(a)
 //   mul_rounded(a, b)       a·b rounded to float, never fused into the add or
@@ -55,6 +57,7 @@ struct Vec {
   static Vec load_partial(const float* p, int n) { return {_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p)}; }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
+  void stream(float* p) const { _mm512_stream_ps(p, v); }
   static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
   static Vec zero() { return {_mm512_setzero_ps()}; }
   friend Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
@@ -103,6 +106,7 @@ struct Vec {
   static Vec load_partial(const float* p, int n) { return {_mm256_maskload_ps(p, lanes_below(n))}; }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   void store_partial(float* p, int n) const { _mm256_maskstore_ps(p, lanes_below(n), v); }
+  void stream(float* p) const { _mm256_stream_ps(p, v); }
   static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
   static Vec zero() { return {_mm256_setzero_ps()}; }
   friend Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
@@ -164,6 +168,7 @@ struct Vec {
   void store_partial(float* p, int n) const {
     for (int i = 0; i < n; ++i) p[i] = v[i];
   }
+  void stream(float* p) const { store(p); }
   static Vec set1(float x) {
     Vec r;
     for (int i = 0; i < W; ++i) r.v[i] = x;
@@ -244,6 +249,12 @@ struct Vec {
   }
 };
 
+#endif
+
+#if defined(MHA_SIMD_AVX512) || defined(MHA_SIMD_AVX2)
+inline void stream_fence() { _mm_sfence(); }
+#else
+inline void stream_fence() {}
 #endif
 
 #undef MHA_EXP2_POLY
