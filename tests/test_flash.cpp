@@ -15,6 +15,7 @@
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
 #include "cpu/scratch.h"
+#include "mha/memory.h"
 #include "mha/nn/multihead_attention.h"
 #include "testing.h"
 
@@ -628,6 +629,23 @@ TEST(KeptScores, NotForBfloat16ProductsNorNegativeBudgets) {
   EXPECT_TRUE(all_finite(g.dquery));
   EXPECT_THROW(attention_forward(q, q, q, {.keep_scores_bytes = -1}), ValueError);
   EXPECT_THROW(nn::set_score_memory_limit(-1), ValueError);
+}
+
+// Past the memory limit the forward keeps none and runs as without them.
+TEST(KeptScores, NotPastTheMemoryLimit) {
+  const Tensor q = random_tensor({8, 300, 32}, 1, DType::float32);
+  AttentionOptions keep{.causal = Causal::top_left, .path = AttentionPath::fused, .keep_scores_bytes = int64_t(1) << 30};
+  const AttentionOutput with = attention_forward(q, q, q, keep);  // also takes the per-thread scratch
+  ASSERT_TRUE(with.scores.defined());
+  ASSERT_GT(with.scores.numel() * 4, int64_t(1) << 20);
+  const int64_t limit = memory_limit();
+  set_memory_limit(active_memory() + (int64_t(1) << 20));  // room for out and lse, not the scores
+  AttentionOutput without;
+  EXPECT_NO_THROW(without = attention_forward(q, q, q, keep));
+  set_memory_limit(0);  // the default again
+  EXPECT_EQ(memory_limit(), limit);
+  EXPECT_FALSE(without.scores.defined());
+  EXPECT_TRUE(same_bits(with.out, without.out));
 }
 
 // A layer in training keeps them (nn::score_memory_limit()), and its gradients

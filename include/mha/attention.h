@@ -64,8 +64,9 @@ struct AttentionOptions {
   // its five products, with the same sums and so the same gradients. 0 (the
   // default) keeps nothing, as FlashAttention: O(L) memory. Kept only by the
   // float32 kernels (not the bfloat16 products, nor decoding's few rows),
-  // without a left window, and when all of them fit: about 4·batch·L·S bytes,
-  // half that causal. mha::nn::MultiheadAttention sets it in training
+  // without a left window, and when all of them fit, in these bytes and under
+  // set_memory_limit (else the call keeps none): about 4·batch·L·S bytes, half
+  // that causal. mha::nn::MultiheadAttention sets it in training
   // (nn::score_memory_limit()).
   int64_t keep_scores_bytes = 0;
 };

@@ -354,9 +354,15 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   const PerThread outs = per_thread_scratch(ScratchSlot::flash_c, float_out ? 0 : br * Ev * f);
   const PerThread weight_tiles = per_thread_scratch(ScratchSlot::flash_d, float_out || !p.return_weights ? 0 : br * S * f);
   const EntryRows o = entry_rows(r.out, p);
-  // The float32 kernels keep the scores when asked and they fit.
-  const std::optional<ScoreLayout> kept = bf16_kernel ? std::nullopt : score_layout(p, br);
-  if (kept) r.scores = Tensor::empty({p.batch, kept->per_entry, kFlashKeyTile * br}, DType::float32);
+  // The float32 kernels keep the scores when asked and they fit, in the
+  // budget and under the memory limit (set_memory_limit): past it the call
+  // runs as without them, not into a MemoryError of its own making.
+  std::optional<ScoreLayout> kept = bf16_kernel ? std::nullopt : score_layout(p, br);
+  if (kept) try {
+      r.scores = Tensor::empty({p.batch, kept->per_entry, kFlashKeyTile * br}, DType::float32);
+    } catch (const MemoryError&) {
+      kept.reset();
+    }
 
   bool finite = true;
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
