@@ -235,10 +235,8 @@ bool same_view(const Tensor& a, const Tensor& b) {
   return a.raw_data() == b.raw_data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
 }
 
-}  // namespace
+std::atomic<int64_t> score_limit{int64_t(256) << 20};  // nn::score_memory_limit()
 
-namespace {
-std::atomic<int64_t> score_limit{int64_t(256) << 20};
 }  // namespace
 
 void set_score_memory_limit(int64_t bytes) {

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <vector>
 
 #include "check.h"
 #include "cpu/flash/bf16_operands.h"
+#include "cpu/flash/kept_scores.h"
 #include "cpu/gemm.h"
 #include "cpu/parallel.h"
 #include "cpu/reduce.h"
@@ -255,32 +255,6 @@ bool by_rows(const AttentionParams& p, int64_t width) {
   return 4 * p.L <= width && p.dropout_p == 0 && !p.return_weights;
 }
 
-// Kept scores (AttentionOptions::keep_scores_bytes): per batch entry, each
-// query tile's S_T tiles (kFlashKeyTile × br floats) for the key tiles its
-// band reaches, from key 0, the query tiles one after another: a causal
-// entry holds about half of L × S. Tensor (batch, tiles per entry, Bc·br).
-// Kept only where every query tile's keys start at key 0 (no left window),
-// so that the forward's key tiles are the backward's.
-struct ScoreLayout {
-  std::vector<int64_t> first;  // per query tile: its key tile 0, in tiles from the entry's start
-  int64_t per_entry = 0;       // key tiles per entry
-};
-
-std::optional<ScoreLayout> score_layout(const AttentionParams& p, int64_t br) {
-  if (p.keep_scores_bytes <= 0 || p.L <= 0 || (p.L - 1) + p.lo_shift > 0) return std::nullopt;
-  ScoreLayout layout;
-  const int64_t tiles = (p.L + br - 1) / br;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = t * br, rows = std::min(br, p.L - i0);
-    const int64_t hi = p.key_end(i0 + rows - 1);  // key_range's end, as the kernels take it
-    layout.first.push_back(layout.per_entry);
-    layout.per_entry += (hi + kFlashKeyTile - 1) / kFlashKeyTile;
-  }
-  const double bytes = double(p.batch) * double(layout.per_entry) * double(kFlashKeyTile * br) * sizeof(float);
-  if (bytes > double(p.keep_scores_bytes)) return std::nullopt;
-  return layout;
-}
-
 // The forward by rows: each entry's few queries on one thread; K and V as
 // float32 rows (converted where they are not).
 bool forward_by_rows(const AttentionParams& p, const Kernels& k, AttentionOutput& r) {
@@ -359,7 +333,7 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   // runs as without them, not into a MemoryError of its own making.
   std::optional<ScoreLayout> kept = bf16_kernel ? std::nullopt : score_layout(p, br);
   if (kept) try {
-      r.scores = Tensor::empty({p.batch, kept->per_entry, kFlashKeyTile * br}, DType::float32);
+      r.scores = Tensor::empty(kept->shape(p.batch), DType::float32);
     } catch (const MemoryError&) {
       kept.reset();
     }
@@ -394,10 +368,8 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
     t.out_row = float_out ? o.row : Ev;
     t.lse = lse + b * L + i0;
     t.scratch = static_cast<float*>(own_slice(works));
-    if (kept)
-      t.scores = r.scores.data<float>() + (b * kept->per_entry + kept->first[size_t(item % tiles)]) * kFlashKeyTile * br;
+    if (kept) t.scores = kept->entry(r.scores.data<float>(), b) + kept->first[size_t(i0 / br)] * kept->tile_floats();
     forward_tile(t);
-    t.scores = nullptr;
     finite = finite && all_finite(t.out, rows, Ev, t.out_row) && all_finite(t.lse, rows, true);
     if (!float_out) store_rows(t.out, rows, Ev, r.out.data<bfloat16>() + o.offset[size_t(b)] + i0 * o.row, o.row);
     if (p.return_weights) {  // a second pass: P = exp(s - lse), now that lse is known
@@ -433,10 +405,9 @@ struct BackwardPlan {
   float* dv_at(int64_t b) const { return dv_base + dv_rows.offset[size_t(b)]; }
   uint32_t threshold;
   float drop_scale;
-  // The forward's kept scores (score_layout), or null.
+  // The forward's kept scores and their layout, where the backward reads them.
   const float* scores = nullptr;
-  const int64_t* score_tiles = nullptr;
-  int64_t score_entry = 0;
+  std::optional<ScoreLayout> kept;
   // A bfloat16 kernel (kernel16 dot or amx) reads these instead of the float rows.
   Bf16Products kernel16 = Bf16Products::widen;
   int64_t E2 = 0, Ev2 = 0, pair_rows = 0;  // pair rows of qt2's and dot2's tiles, of q2 and dout2
@@ -569,7 +540,7 @@ struct BackwardPlan {
     h.scratch = scratch;
     h.key_begin = 0, h.key_end = S, h.query_begin = 0, h.query_end = L;
     h.want_dkdv = h.want_dq = true;
-    if (scores) h.scores = scores + b * score_entry * kFlashKeyTile * br, h.score_tiles = score_tiles;
+    if (scores) h.scores = kept->entry(scores, b), h.score_tiles = kept->first.data();
     return h;
   }
 };
@@ -717,10 +688,10 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
   if (bf16) plan.use_bf16_kernel(kernel16, dout_t);
   // The forward's kept scores, where this backward's float32 tiles match them
   // (else, as without them, the kernel computes Q·Kᵀ again).
-  const std::optional<ScoreLayout> kept = bf16 || rows_kernel || !fwd.scores.defined() ? std::nullopt : score_layout(p, br);
-  if (kept && fwd.scores.shape() == Shape{p.batch, kept->per_entry, kFlashKeyTile * br} &&
-      fwd.scores.dtype() == DType::float32 && fwd.scores.is_contiguous())
-    plan.scores = fwd.scores.data<float>(), plan.score_tiles = kept->first.data(), plan.score_entry = kept->per_entry;
+  if (!bf16 && !rows_kernel && fwd.scores.defined()) plan.kept = score_layout(p, br);
+  if (plan.kept && fwd.scores.shape() == plan.kept->shape(p.batch) && fwd.scores.dtype() == DType::float32 &&
+      fwd.scores.is_contiguous())
+    plan.scores = fwd.scores.data<float>();
   void (*backward_head)(const FlashBackwardHead&) = rows_kernel                    ? k.backward_rows
                                                     : kernel16 == Bf16Products::amx ? &flash_backward_head_amx
                                                     : bf16                         ? &flash_backward_head_bf16_avx512

@@ -123,19 +123,21 @@ inline bool tile_inside_band(int64_t i0, int64_t rows, int64_t j0, int64_t cols,
   return j0 >= i0 + rows - 1 + b.lo_shift && j0 + cols <= i0 + b.hi_shift;
 }
 
+// The multiplier that turns a finished score into its base-2 logit: c
+// without a mask (the scores stay raw), 1 with one (c is already in them).
+inline float logit_multiplier(const float* mask, float c) { return mask ? 1.0f : c; }
+
 // Prepares raw dot products S_T for the softmax: with a mask, S_T becomes
 // S_T·c + mask·log2(e) and the returned multiplier is 1; without one, S_T is
 // left raw and the multiplier c = scale·log2(e) is applied inside exp2 (one
 // rounding either way, as in the reference path). Keys outside the band → -inf.
 inline float finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
                            Band band, const float* mask, int64_t mask_row, int64_t mask_col) {
-  float multiplier = c;
   if (mask) {
     const Vec cv = Vec::set1(c);
     for (int64_t x = 0; x < cols * br; x += W) (Vec::load(st + x) * cv).store(st + x);
     for (int64_t j = 0; j < cols; ++j)
       for (int64_t i = 0; i < rows; ++i) st[j * br + i] += mask[i * mask_row + (j0 + j) * mask_col] * kLog2e;
-    multiplier = 1.0f;
   }
   if (!tile_inside_band(i0, rows, j0, cols, band))
     for (int64_t j = 0; j < cols; ++j) {
@@ -147,7 +149,7 @@ inline float finish_scores(float* st, int64_t br, float c, int64_t i0, int64_t r
       for (int64_t i = 0; i < first; ++i) row[i] = -__builtin_inff();
       for (int64_t i = last; i < rows; ++i) row[i] = -__builtin_inff();
     }
-  return multiplier;
+  return logit_multiplier(mask, c);
 }
 
 // P = exp2(s·c - lse2) from the saved lse, with the logit s·c rounded to
@@ -233,7 +235,7 @@ void forward_tile_with(const FlashForwardTile& t, const Products& products) {
     // Kept for the backward in streaming stores: written to memory without
     // reading the lines first, and not left in the caches that the tile works in.
     if (t.scores && !weights_pass) {
-      float* kept = t.scores + j0 / kFlashKeyTile * kFlashKeyTile * br;
+      float* kept = t.scores + j0 * br;  // j0: a whole key tile from key 0
       for (int64_t x = 0; x < cols * br; x += W) Vec::load(st + x).stream(kept + x);
     }
     if (t.dropout.fill) t.dropout.fill(t.dropout.ctx, t.i0, t.rows, j0, cols, factors, br);
@@ -440,11 +442,12 @@ inline void row_dots(const float* x, const float* m, int64_t m_row, int64_t n, i
 // mask, s·c + mask·log2e and multiplier 1; without, s and multiplier c),
 // rounded as it rounds them (the backward's P relies on it). mask: the row's.
 inline float row_logits(float* s, int64_t lo, int64_t hi, float c, const float* mask, int64_t mask_col) {
-  if (!mask) return c;
-  const Vec cv = Vec::set1(c);
-  for (int64_t j = lo; j < hi; j += W) (Vec::load(s + j) * cv).store(s + j);
-  for (int64_t j = lo; j < hi; ++j) s[j] += mask[j * mask_col] * kLog2e;
-  return 1.0f;
+  if (mask) {
+    const Vec cv = Vec::set1(c);
+    for (int64_t j = lo; j < hi; j += W) (Vec::load(s + j) * cv).store(s + j);
+    for (int64_t j = lo; j < hi; ++j) s[j] += mask[j * mask_col] * kLog2e;
+  }
+  return logit_multiplier(mask, c);
 }
 
 // x (n, zero padded to whole vectors) = row of n floats.
@@ -623,7 +626,7 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
         key_range(i0, rows, h.S, h.band, lo, hi);
         kept = max64(0, min64(cols, hi - j0));
         s = h.scores + h.score_tiles[tile] * kFlashKeyTile * br + j0 * br;
-        c = Vec::set1(h.mask ? 1.0f : h.logit_scale);  // finish_scores' multiplier
+        c = Vec::set1(logit_multiplier(h.mask, h.logit_scale));
         // From memory: on their way while dP's product runs.
         for (int64_t x = 0; x < kept * br; x += 64 / int64_t(sizeof(float))) __builtin_prefetch(s + x, 0, 3);
       } else {
