@@ -137,7 +137,7 @@ int memory_mode(int64_t L) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   bool quick = false;
   int64_t reference_max = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -217,4 +217,6 @@ int main(int argc, char** argv) {
   std::printf("| window 256 (128 left, 127 right) | %.1f | %.1f | %.1f | %.1f |\n", window.fwd_s * 1e3,
               window.bwd_s * 1e3, full.fwd_s / window.fwd_s, full.bwd_s / window.bwd_s);
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

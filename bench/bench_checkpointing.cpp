@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "cpu/allocator.h"
+#include "measure.h"
 #include "mha/mha.h"
 
 using namespace mha;
@@ -57,7 +58,7 @@ void row(const char* model, const std::string& layers, bool checkpoint, const Fi
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int64_t B = quick ? 4 : 16, L = quick ? 32 : 128, D = quick ? 64 : 256, vocab = 64, repeats = quick ? 1 : 3;
   std::printf("B %lld, L = S = T %lld, d_model %lld, 8 heads, feed-forward %lld, float32, dropout 0.1; MiB of tensors\n\n",
@@ -93,4 +94,6 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

@@ -54,7 +54,7 @@ BliSgemm load_blis() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace mha;
   CLI::App app{"float32 GEMM at a training step's shapes: mha's kernel against OpenBLAS"};
   int reps = 7;
@@ -136,4 +136,6 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

@@ -28,6 +28,7 @@
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
+#include "measure.h"
 #include "mha/mha.h"
 #include "mha/train/trainer.h"
 
@@ -80,7 +81,7 @@ double median(const std::vector<double>& v) { return quantile(v, 0.5); }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   int64_t steps = 60, repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoll(argv[i + 1]);
@@ -155,4 +156,6 @@ int main(int argc, char** argv) {
     return median(ratio);
   }());
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

@@ -254,7 +254,7 @@ std::vector<std::string> split(const std::string& s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   int64_t min_length = 1024, max_length = 65536, exact_max = 65536;
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
@@ -355,4 +355,6 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

@@ -20,7 +20,7 @@
 #include "mha/nn/language_model.h"
 #include "mha/train/tasks.h"
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace mha;
   CLI::App app{"Greedy decoding tokens/s of mha's decoder-only model with its KV cache"};
   std::string config = "mid";
@@ -85,4 +85,6 @@ int main(int argc, char** argv) {
               double(s.batch * prompt) / prefills[prefills.size() / 2],
               double(s.batch * (new_tokens - 1)) / decodes[decodes.size() / 2], bench::cpu_name().c_str());
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -38,6 +40,13 @@ inline double peak_extra_mib(const std::function<void()>& f) {
   const long before = status_kib("VmRSS:");
   f();
   return double(status_kib("VmHWM:") - before) / 1024.0;
+}
+
+// A benchmark's main ends here on an error (a bad --config, a typed error of
+// the library's): the message and exit status 1, not std::terminate's abort.
+inline int failed(const char* program, const std::exception& e) {
+  std::fprintf(stderr, "%s: %s\n", program, e.what());
+  return 1;
 }
 
 inline std::string cpu_name() {

@@ -47,7 +47,7 @@ const std::map<std::string, ModelShape> kConfigs = {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace mha;
   CLI::App app{"Training tokens/s of mha's decoder-only model"};
   std::string config = "mid", precision = "float32";
@@ -113,4 +113,6 @@ int main(int argc, char** argv) {
               __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", cpu::to_string(cpu::active_isa()).c_str(),
               cpu::to_string(cpu::sgemm_backend()).c_str());
   return 0;
+} catch (const std::exception& e) {
+  return mha::bench::failed(argv[0], e);
 }

@@ -90,6 +90,13 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // its last query, so narrower tiles also skip more of the masked triangle.
 // One decoding step's query takes one vector. The split changes which lanes
 // share a tile, never a query's sums or their order.
+// The query tiles of an entry, last first: under a causal mask a tile's keys
+// grow with its index, and a dynamic schedule that hands out the largest
+// items first ends on the smallest (both threads finish within one small
+// tile of each other instead of one large one). Without a mask the order is
+// immaterial; the results do not depend on it.
+int64_t last_first(int64_t index, int64_t count) { return count - 1 - index; }
+
 int64_t query_tile(int64_t L, int64_t width) {
   if (L <= 0) return width;
   const int64_t tiles = (L + kQueryTile - 1) / kQueryTile;
@@ -341,7 +348,7 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   bool finite = true;
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
   for (int64_t item = 0; item < p.batch * tiles; ++item) {
-    const int64_t b = item / tiles, i0 = item % tiles * br, rows = std::min(br, L - i0);
+    const int64_t b = item / tiles, i0 = last_first(item % tiles, tiles) * br, rows = std::min(br, L - i0);
     const DropoutContext drop{p.dropout_seed, uint64_t(b), threshold, drop_scale};
     FlashForwardTile t{};
     if (bf16_kernel) {
@@ -747,7 +754,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < p.batch * tiles; ++item) {
-      const int64_t b = item / tiles, i0 = item % tiles * br;
+      const int64_t b = item / tiles, i0 = last_first(item % tiles, tiles) * br;
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
       FlashBackwardHead h = plan.head(b, packed_of(b), drop, static_cast<float*>(own_slice(works)));
       h.query_begin = i0, h.query_end = i0 + br, h.want_dkdv = false;
