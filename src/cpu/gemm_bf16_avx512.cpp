@@ -129,7 +129,10 @@ void pack_a(bool ta, const uint16_t* a, int64_t lda, int64_t m, int64_t k, int64
           continue;
         }
         const uint16_t* row = a + (r0 + g + i) * lda;
-        for (int64_t q = 0; q < depth; ++q) w[q * kRowsMicro + i] = row_pair(row, 2 * (q0 + q), k);
+        // Whole pairs as 32-bit loads without a test (whole >= 0: q0 < K2); an odd k's last element alone.
+        const int64_t whole = min64(depth, k / 2 - q0);
+        for (int64_t q = 0; q < whole; ++q) std::memcpy(w + q * kRowsMicro + i, row + 2 * (q0 + q), 4);
+        for (int64_t q = whole; q < depth; ++q) w[q * kRowsMicro + i] = row_pair(row, 2 * (q0 + q), k);
       }
       continue;
     }
