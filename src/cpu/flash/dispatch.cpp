@@ -83,6 +83,18 @@ static_assert(kQueryTile <= kFlashQueryTileMax);
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Work item `item` of batch × tiles query tiles: its entry b and first query
+// i0. Each entry's tiles go last first: under a causal mask a tile's keys grow
+// with its index, and a dynamic schedule that hands out the largest items
+// first ends on the smallest (the threads finish within one small tile of
+// each other, not one large one). The results do not depend on the order.
+struct QueryTileItem {
+  int64_t b, i0;
+};
+QueryTileItem query_tile_item(int64_t item, int64_t tiles, int64_t br) {
+  return {item / tiles, (tiles - 1 - item % tiles) * br};
+}
+
 // Query tile width for L queries: as few tiles as kQueryTile allows, each as
 // narrow as its share of L in whole vectors. Lanes past L are computed and
 // thrown away, so L = 131 in tiles of 64 filled 131 of 192 lanes (the third
@@ -90,13 +102,6 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // its last query, so narrower tiles also skip more of the masked triangle.
 // One decoding step's query takes one vector. The split changes which lanes
 // share a tile, never a query's sums or their order.
-// The query tiles of an entry, last first: under a causal mask a tile's keys
-// grow with its index, and a dynamic schedule that hands out the largest
-// items first ends on the smallest (both threads finish within one small
-// tile of each other instead of one large one). Without a mask the order is
-// immaterial; the results do not depend on it.
-int64_t last_first(int64_t index, int64_t count) { return count - 1 - index; }
-
 int64_t query_tile(int64_t L, int64_t width) {
   if (L <= 0) return width;
   const int64_t tiles = (L + kQueryTile - 1) / kQueryTile;
@@ -348,7 +353,8 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
   bool finite = true;
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite)
   for (int64_t item = 0; item < p.batch * tiles; ++item) {
-    const int64_t b = item / tiles, i0 = last_first(item % tiles, tiles) * br, rows = std::min(br, L - i0);
+    const auto [b, i0] = query_tile_item(item, tiles, br);
+    const int64_t rows = std::min(br, L - i0);
     const DropoutContext drop{p.dropout_seed, uint64_t(b), threshold, drop_scale};
     FlashForwardTile t{};
     if (bf16_kernel) {
@@ -754,7 +760,7 @@ bool flash_attention_backward(const AttentionParams& p, const Tensor& dout_t, co
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < p.batch * tiles; ++item) {
-      const int64_t b = item / tiles, i0 = last_first(item % tiles, tiles) * br;
+      const auto [b, i0] = query_tile_item(item, tiles, br);
       const DropoutContext drop{p.dropout_seed, uint64_t(b), plan.threshold, plan.drop_scale};
       FlashBackwardHead h = plan.head(b, packed_of(b), drop, static_cast<float*>(own_slice(works)));
       h.query_begin = i0, h.query_end = i0 + br, h.want_dkdv = false;
