@@ -6,7 +6,7 @@
 // medians of --reps.
 // bench/torch_train.py --decode N runs the same in PyTorch (nn.TransformerEncoder
 // has no KV cache: its greedy loop runs the whole sequence each step).
-//   build/bench/decode_throughput --config mid [--new 32] [--reps 5]
+//   build/bench/decode_throughput --config mid [--new 32] [--reps 5] [--precision bf16-mixed]
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -23,11 +23,12 @@
 int main(int argc, char** argv) try {
   using namespace mha;
   CLI::App app{"Greedy decoding tokens/s of mha's decoder-only model with its KV cache"};
-  std::string config = "mid";
+  std::string config = "mid", precision = "float32";
   int new_tokens = 32, reps = 5;
   app.add_option("--config", config, "small, mid, wide or long")->capture_default_str();
   app.add_option("--new", new_tokens, "Tokens to generate after the prompt")->capture_default_str();
   app.add_option("--reps", reps, "Timed repetitions (median)")->capture_default_str();
+  app.add_option("--precision", precision, "float32 or bf16-mixed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   struct ModelShape {
     int64_t d_model, heads, layers, ff, batch, input;
@@ -44,7 +45,7 @@ int main(int argc, char** argv) try {
   const ModelShape& s = found->second;
   Generator gen(0);
   nn::LanguageModel model({.vocab_size = train::kVocab, .d_model = s.d_model, .nhead = s.heads, .num_layers = s.layers,
-                           .dim_feedforward = s.ff},
+                           .dim_feedforward = s.ff, .precision = nn::parse_precision(precision)},
                           gen);
   model.eval();
   const int64_t prompt = s.input + 2;
@@ -79,9 +80,9 @@ int main(int argc, char** argv) try {
   for (int r = 0; r < reps; ++r) generate(), prefills.push_back(prefill), decodes.push_back(decode);
   std::sort(prefills.begin(), prefills.end());
   std::sort(decodes.begin(), decodes.end());
-  std::printf("{\"system\": \"mha\", \"config\": \"%s\", \"threads\": %d, \"batch\": %lld, \"prompt\": %lld, \"new\": %d, "
+  std::printf("{\"system\": \"mha\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"batch\": %lld, \"prompt\": %lld, \"new\": %d, "
               "\"prefill_tokens_per_second\": %.1f, \"decode_tokens_per_second\": %.1f, \"cpu\": \"%s\"}\n",
-              config.c_str(), omp_get_max_threads(), (long long)s.batch, (long long)prompt, new_tokens,
+              config.c_str(), precision.c_str(), omp_get_max_threads(), (long long)s.batch, (long long)prompt, new_tokens,
               double(s.batch * prompt) / prefills[prefills.size() / 2],
               double(s.batch * (new_tokens - 1)) / decodes[decodes.size() / 2], bench::cpu_name().c_str());
   return 0;

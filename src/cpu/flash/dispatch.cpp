@@ -136,19 +136,23 @@ struct FloatRows {
   std::vector<int64_t> offset;  // per output batch entry
   int64_t row = 0;
   const float* at(int64_t b) const { return tensor.data<float>() + offset[size_t(b)]; }
+  const uint16_t* at16(int64_t b) const { return &tensor.data<bfloat16>()[offset[size_t(b)]].bits; }
 };
 
 // The float32 rows of t, `width` wide (zero-padded past t's last dim), as
 // they are where they can be, else copied. With `compact`, rows apart (the
 // heads of an (N, L, H·E) tensor or of the packed q, k, v: 1-3 KiB) are copied
-// together too. Rows 1 KiB apart fall into a quarter of L1's sets: the forward
-// at L = 2040, E = 64 on views of a packed projection took 11-13% longer than
-// on contiguous copies of the same rows; copying K and V gets most of that
+// together too (with `as_bf16`: t's bfloat16 rows as they are where they can
+// be). Rows 1 KiB apart fall into a quarter of L1's sets: the forward at
+// L = 2040, E = 64 on views of a packed projection took 11-13% longer than on
+// contiguous copies of the same rows; copying K and V gets most of that
 // back (21.3-22.3 against 22.6-23.4 ms), copying either alone nothing.
-FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width, bool compact = false) {
+FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width, bool compact = false,
+                     bool as_bf16 = false) {
   FloatRows r;
   const int64_t n = t.size(-1);
-  if (t.dtype() == DType::float32 && t.stride(-1) == 1 && n == width && (!compact || t.stride(-2) == width)) {
+  const DType kept = as_bf16 ? DType::bfloat16 : DType::float32;
+  if (t.dtype() == kept && t.stride(-1) == 1 && n == width && (!compact || t.stride(-2) == width)) {
     r.tensor = t;
   } else {
     Shape padded = t.shape();
@@ -268,10 +272,14 @@ bool by_rows(const AttentionParams& p, int64_t width) {
 }
 
 // The forward by rows: each entry's few queries on one thread; K and V as
-// float32 rows (converted where they are not).
+// float32 rows, or bfloat16 rows with a unit last stride as they are (the
+// kernel widens them as it reads: converting a decoding step's KV cache
+// first took 22% of bf16-mixed decoding at wide).
 bool forward_by_rows(const AttentionParams& p, const Kernels& k, AttentionOutput& r) {
   const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
-  const FloatRows keys = float_rows(p.k, p, E), values = float_rows(p.v, p, Ev);
+  const bool bf16 = p.k.dtype() == DType::bfloat16 && p.v.dtype() == DType::bfloat16 && p.k.stride(-1) == 1 &&
+                    p.v.stride(-1) == 1;
+  const FloatRows keys = float_rows(p.k, p, E, false, bf16), values = float_rows(p.v, p, Ev, false, bf16);
   const Loader q{p.q.raw_data(), p.dtype};
   const bool float_out = p.dtype == DType::float32;
   const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
@@ -290,7 +298,9 @@ bool forward_by_rows(const AttentionParams& p, const Kernels& k, AttentionOutput
         for (int64_t e = 0; e < E; ++e) qrows[i * E + e] = float(first[i * p.q_row + e * p.q_col]);
     });
     d.q = qrows, d.q_row = E, d.logit_scale = float(p.scale) * kLog2e;
-    d.k = keys.at(b), d.k_row = keys.row, d.v = values.at(b), d.v_row = values.row;
+    if (bf16) d.k16 = keys.at16(b), d.v16 = values.at16(b);
+    else d.k = keys.at(b), d.v = values.at(b);
+    d.k_row = keys.row, d.v_row = values.row;
     d.mask = mask ? mask + p.mask_offset[size_t(b)] : nullptr;
     d.mask_row = p.mask_row, d.mask_col = p.mask_col;
     d.i0 = 0, d.rows = L, d.S = S, d.E = E, d.Ev = Ev;

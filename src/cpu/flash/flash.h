@@ -136,6 +136,8 @@ struct FlashDecodeRows {
   int64_t k_row;
   const float* v;      // value row 0; rows v_row apart, Ev floats
   int64_t v_row;
+  const uint16_t* k16;  // or, where not null, keys and values as bfloat16 (their bits),
+  const uint16_t* v16;  // rows k_row and v_row apart; k and v unused then
   const float* mask;   // additive mask at (i0, 0), or null
   int64_t mask_row, mask_col;
   int64_t i0, rows, S, E, Ev;

@@ -416,24 +416,30 @@ inline void forward_tile_bf16(const FlashForwardTile& t) {
 // kernel's (logits s·c + mask·log2 e, base 2, the max held at -FLT_MAX or
 // above), then o = Σ_j p_j v_j / l.
 
-// s[j] (j in [lo, hi)) = x · row j of m (rows m_row apart, n floats each; x
-// zero padded to whole vectors), four rows at a time.
-inline void row_dots(const float* x, const float* m, int64_t m_row, int64_t n, int64_t lo, int64_t hi, float* s) {
-  const auto part = [&](const float* row, int64_t e0) {
-    return e0 + W <= n ? Vec::load(row + e0) : Vec::load_partial(row + e0, int(n - e0));
-  };
+// W entries of a float32 or a bfloat16 row (its bits) as floats; lanes past n read 0.
+inline Vec row_part(const float* row, int64_t e0, int64_t n) {
+  return e0 + W <= n ? Vec::load(row + e0) : Vec::load_partial(row + e0, int(n - e0));
+}
+inline Vec row_part(const uint16_t* row, int64_t e0, int64_t n) {
+  return e0 + W <= n ? Vec::load_bf16(row + e0) : Vec::load_bf16_partial(row + e0, int(n - e0));
+}
+
+// s[j] (j in [lo, hi)) = x · row j of m (rows m_row apart, n entries each,
+// float32 or bfloat16; x zero padded to whole vectors), four rows at a time.
+template <class T>
+inline void row_dots(const float* x, const T* m, int64_t m_row, int64_t n, int64_t lo, int64_t hi, float* s) {
   int64_t j = lo;
   for (; j + 4 <= hi; j += 4) {
     Vec acc[4] = {Vec::zero(), Vec::zero(), Vec::zero(), Vec::zero()};
     for (int64_t e0 = 0; e0 < n; e0 += W) {
       const Vec xv = Vec::load(x + e0);
-      for (int u = 0; u < 4; ++u) acc[u] = fma(xv, part(m + (j + u) * m_row, e0), acc[u]);
+      for (int u = 0; u < 4; ++u) acc[u] = fma(xv, row_part(m + (j + u) * m_row, e0, n), acc[u]);
     }
     for (int u = 0; u < 4; ++u) s[j + u] = reduce_add(acc[u]);
   }
   for (; j < hi; ++j) {
     Vec acc = Vec::zero();
-    for (int64_t e0 = 0; e0 < n; e0 += W) acc = fma(Vec::load(x + e0), part(m + j * m_row, e0), acc);
+    for (int64_t e0 = 0; e0 < n; e0 += W) acc = fma(Vec::load(x + e0), row_part(m + j * m_row, e0, n), acc);
     s[j] = reduce_add(acc);
   }
 }
@@ -456,7 +462,9 @@ inline void padded_row(const float* row, int64_t n, float* x) {
   for (int64_t e = 0; e < padded; ++e) x[e] = e < n ? row[e] : 0.0f;
 }
 
-inline void decode_rows(const FlashDecodeRows& d) {
+// K and V as T (float or the bits of bfloat16), rows d.k_row and d.v_row apart.
+template <class T>
+inline void decode_rows_of(const FlashDecodeRows& d, const T* keys, const T* values) {
   float* s = d.scratch;                          // (S + W): scores, then probabilities; -inf past the band
   float* qs = s + (d.S + W + 63) / 64 * 64;      // (E to a multiple of W): the query, zero padded
   for (int64_t i = 0; i < d.rows; ++i) {
@@ -468,7 +476,7 @@ inline void decode_rows(const FlashDecodeRows& d) {
       continue;
     }
     padded_row(d.q + i * d.q_row, d.E, qs);
-    row_dots(qs, d.k, d.k_row, d.E, lo, hi, s);
+    row_dots(qs, keys, d.k_row, d.E, lo, hi, s);
     const float multiplier = row_logits(s, lo, hi, d.logit_scale, d.mask ? d.mask + i * d.mask_row : nullptr, d.mask_col);
     int64_t j;
     // The max across the band (a raw max when the multiplier is c > 0), then p and l.
@@ -492,11 +500,8 @@ inline void decode_rows(const FlashDecodeRows& d) {
       for (int64_t u = 0; u < vectors; ++u) acc[u] = Vec::zero();
       for (j = lo; j < hi; ++j) {
         const Vec pj = Vec::set1(s[j]);
-        const float* row = d.v + j * d.v_row + e0;
-        for (int64_t u = 0; u < vectors; ++u) {
-          const int64_t at = e0 + u * W;
-          acc[u] = fma(pj, at + W <= d.Ev ? Vec::load(row + u * W) : Vec::load_partial(row + u * W, int(d.Ev - at)), acc[u]);
-        }
+        const T* row = values + j * d.v_row;
+        for (int64_t u = 0; u < vectors; ++u) acc[u] = fma(pj, row_part(row, e0 + u * W, d.Ev), acc[u]);
       }
       for (int64_t u = 0; u < vectors; ++u) {
         const int64_t at = e0 + u * W;
@@ -512,6 +517,11 @@ inline void decode_rows(const FlashDecodeRows& d) {
     }
     d.lse[i] = l == 0.0f ? (any_key ? __builtin_nanf("") : -__builtin_inff()) : (m + __builtin_log2f(l)) * kLn2;
   }
+}
+
+inline void decode_rows(const FlashDecodeRows& d) {
+  if (d.k16) decode_rows_of(d, d.k16, d.v16);
+  else decode_rows_of(d, d.k, d.v);
 }
 
 // The backward of a few query rows (the forward by rows'), for the queries

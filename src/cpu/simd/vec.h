@@ -4,6 +4,8 @@
 //   W                       lanes
 //   load(p) / store(p)      unaligned
 //   load_partial(p, n)      lanes >= n read as 0 (n < W)
+//   load_bf16(p)            W bfloat16 values (their bits, uint16_t) widened to float: exact
+//   load_bf16_partial(p, n) the same, lanes >= n read as 0 (n < W)
 //   store_partial(p, n)
 //   stream(p)               a streaming (non-temporal) store, p aligned to the vector;
 //                           stream_fence() orders them before later stores (portable: plain)
@@ -55,6 +57,10 @@ struct Vec {
 
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
   static Vec load_partial(const float* p, int n) { return {_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p)}; }
+  // A bfloat16 is a float32's high half: zero-extend each to 32 bits, shift up.
+  static Vec widen(__m256i bits) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))}; }
+  static Vec load_bf16(const uint16_t* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Vec load_bf16_partial(const uint16_t* p, int n) { return widen(_mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p)); }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
   void stream(float* p) const { _mm512_stream_ps(p, v); }
@@ -104,6 +110,13 @@ struct Vec {
   }
   static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
   static Vec load_partial(const float* p, int n) { return {_mm256_maskload_ps(p, lanes_below(n))}; }
+  static Vec widen(__m128i bits) { return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16))}; }
+  static Vec load_bf16(const uint16_t* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static Vec load_bf16_partial(const uint16_t* p, int n) {  // no masked 16-bit load before AVX-512
+    uint16_t bits[W] = {};
+    std::memcpy(bits, p, size_t(n) * sizeof(uint16_t));
+    return load_bf16(bits);
+  }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   void store_partial(float* p, int n) const { _mm256_maskstore_ps(p, lanes_below(n), v); }
   void stream(float* p) const { _mm256_stream_ps(p, v); }
@@ -162,6 +175,15 @@ struct Vec {
     for (int i = 0; i < n; ++i) r.v[i] = p[i];
     return r;
   }
+  static Vec load_bf16_partial(const uint16_t* p, int n) {
+    Vec r = zero();
+    for (int i = 0; i < n; ++i) {
+      const uint32_t bits = uint32_t(p[i]) << 16;
+      std::memcpy(&r.v[i], &bits, sizeof(float));
+    }
+    return r;
+  }
+  static Vec load_bf16(const uint16_t* p) { return load_bf16_partial(p, W); }
   void store(float* p) const {
     for (int i = 0; i < W; ++i) p[i] = v[i];
   }
