@@ -134,7 +134,9 @@ void check_bf16_products(const std::string& path, const Product& product,
 TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   // cpu::gemm's choice on each instruction set (the AVX512-BF16 kernel or
   // the widening path), then the AVX512-BF16 kernel itself where the CPU has
-  // it, also past one tile (96 × 512) and one block of pairs (192), and
+  // it, also past one block of pairs (128), past one tile of rows (192) and
+  // one block of columns (512), past one span of pairs (2048, k > 4096),
+  // with fewer groups of 6 rows than threads (its tiles split columns), and
   // with at most 16 rows (its dot-product path for a transposed B) past one
   // vector of k.
   for (cpu::Isa isa : cpu::supported_isas()) {
@@ -146,7 +148,8 @@ TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   cpu::force_isa(std::nullopt);
   if (__builtin_cpu_supports("avx512bf16"))
     check_bf16_products("gemm_bf16_avx512", [](auto... args) { cpu::gemm_bf16_avx512(args...); },
-                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}, {9, 21, 75}, {16, 5, 64}});
+                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}, {401, 37, 65}, {13, 70, 4201},
+                         {5, 300, 101}, {9, 21, 75}, {16, 5, 64}});
   // AMX: one tile (16), a block (32), past a work item (128 × 256) and a
   // chunk of 256 pairs (k > 512), odd everywhere.
   if (cpu::amx_bf16_usable())

@@ -1,20 +1,29 @@
 // The bfloat16 matrix product on AVX512-BF16 (vdpbf16ps), blocked as
 // mha's float32 product (cpu/sgemm/sgemm_kernel.h) with pairs along k:
 //
-//   op(B) (k × n) packed into panels of 32 columns, each ceil(k/2) rows of
-//         32 words, word (q, j) = the pair (B[2q][j], B[2q+1][j]) (zero pad
+//   op(B) (k × n) packed into panels of 64 columns, each ceil(k/2) rows of
+//         64 words, word (q, j) = the pair (B[2q][j], B[2q+1][j]) (zero pad
 //         for an odd k and past n)
 //   op(A) each tile's rows × kDepth2 pairs packed k-major, kRowsMicro words
 //         per pair index: word (q, i) = (A[i][2q], A[i][2q+1])
-//   C     tiles of up to 96 × 512 summed over blocks of kDepth2 pairs, straight
-//         into C for alpha = 1 and beta 0 or 1 (the layers' products), else
-//         into a float32 product that is then scaled into C
+//   C     tiles of up to kRows rows and the whole width of C (fewer columns
+//         only where there are fewer row groups than threads), summed over
+//         blocks of kDepth2 pairs, straight into C for alpha = 1 and beta 0
+//         or 1 (the layers' products), else into a float32 product that is
+//         then scaled into C
 //
-// A panel's kDepth2 × 32 words (24 KiB) stay in L1 while the tile's 12-row
-// micro-tiles pass over them: 24 accumulators, 2 loads of B per 24 vdpbf16ps
-// (each 32 products). vdpbf16ps adds both products of a pair into a float32
-// lane; it treats bfloat16 denormals (|x| < 1.2e-38) as zero and flushes
-// denormal results.
+// A panel's kDepth2 × 64 words (32 KiB) stay in L1 while the tile's 6-row
+// micro-tiles pass over them: 24 accumulators, 4 loads of B and 6
+// broadcasts of A per 24 vdpbf16ps (each 32 products). Against 12 rows × 2
+// vectors (2 loads and 12 broadcasts per 24) one core ran 4072 × 2048 × 512
+// at 394 against 371 GFLOP/s (Zen 5; 447 peak). A tile spans all of C's
+// columns, so that its rows of A are packed once per block of k: 512-column
+// tiles packed them once per tile, 4 times over for n = 2048, and the
+// packing (its loads waiting on A's lines) took 6% of a bf16-mixed training
+// step at wide. Tiles have as many rows as keep the threads evenly busy, up
+// to kRows: each block of B comes from L3 once per tile. vdpbf16ps adds both
+// products of a pair into a float32 lane; it treats bfloat16 denormals
+// (|x| < 1.2e-38) as zero and flushes denormal results.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -28,22 +37,25 @@ namespace mha::cpu {
 
 namespace {
 
-constexpr int kRowsMicro = 12, kVectors = 2, kLanes = 16;
+constexpr int kRowsMicro = 6, kVectors = 4, kLanes = 16;
 constexpr int64_t kPanel = kVectors * kLanes;  // columns of a B panel
-constexpr int64_t kRows = 96, kCols = 512, kDepth2 = 192;
+constexpr int64_t kRows = 192, kCols = 512, kDepth2 = 128, kSpan2 = 2048;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// (lo | hi << 16): the pair (lo, hi) as one 32-bit word, lo first in memory.
-inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
-
 // C (kRowsMicro × kPanel, row stride ldc) (+)= A · P over `depth` pairs.
+// The sums start from zero and C is added at the end, its lines prefetched
+// as the loop starts (sgemm_kernel.h: C, not in cache between blocks of k,
+// held up each micro-tile that loaded it first).
 template <bool ACC>
 void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t depth) {
   __m512 acc[kRowsMicro][kVectors];
   for (int r = 0; r < kRowsMicro; ++r)
-    for (int v = 0; v < kVectors; ++v) acc[r][v] = ACC ? _mm512_loadu_ps(C + r * ldc + v * kLanes) : _mm512_setzero_ps();
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
+  if (ACC)
+    for (int r = 0; r < kRowsMicro; ++r)
+      for (int v = 0; v < kVectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + v * kLanes), _MM_HINT_T0);
   for (int64_t q = 0; q < depth; ++q, A += kRowsMicro, P += kPanel) {
     __m512bh b[kVectors];
     for (int v = 0; v < kVectors; ++v) b[v] = (__m512bh)_mm512_loadu_si512(P + v * kLanes);
@@ -53,7 +65,10 @@ void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t 
     }
   }
   for (int r = 0; r < kRowsMicro; ++r)
-    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(C + r * ldc + v * kLanes, acc[r][v]);
+    for (int v = 0; v < kVectors; ++v) {
+      float* out = C + r * ldc + v * kLanes;
+      _mm512_storeu_ps(out, ACC ? _mm512_add_ps(acc[r][v], _mm512_loadu_ps(out)) : acc[r][v]);
+    }
 }
 
 // C rows [0, rows) × columns [0, width) (+)= packed A rows · panel P; full
@@ -119,29 +134,41 @@ void pack_b(bool tb, const uint16_t* b, int64_t ldb, int64_t k, int64_t n, uint3
 // (ta true: the pairs interleave rows 2q and 2q + 1 of the stored A).
 void pack_a(bool ta, const uint16_t* a, int64_t lda, int64_t m, int64_t k, int64_t r0, int64_t padded, int64_t q0,
             int64_t depth, uint32_t* out) {
-  for (int64_t g = 0; g < padded; g += kRowsMicro) {
-    uint32_t* w = out + g * depth;
-    const int64_t here = min64(kRowsMicro, m - r0 - g);
-    if (!ta) {
-      for (int64_t i = 0; i < kRowsMicro; ++i) {
-        if (i >= here) {
-          for (int64_t q = 0; q < depth; ++q) w[q * kRowsMicro + i] = 0;
-          continue;
-        }
-        const uint16_t* row = a + (r0 + g + i) * lda;
-        // Whole pairs as 32-bit loads without a test (whole >= 0: q0 < K2); an odd k's last element alone.
-        const int64_t whole = min64(depth, k / 2 - q0);
-        for (int64_t q = 0; q < whole; ++q) std::memcpy(w + q * kRowsMicro + i, row + 2 * (q0 + q), 4);
-        for (int64_t q = whole; q < depth; ++q) w[q * kRowsMicro + i] = row_pair(row, 2 * (q0 + q), k);
-      }
-      continue;
-    }
+  const int64_t rows = min64(padded, m - r0);
+  if (ta) {
+    // Stored row by stored row, each pair of rows read whole (as vectors)
+    // and the next pair prefetched, then dealt to the groups: group by
+    // group, every group went down all 2·depth rows, lines apart, again
+    // (2048 × 512 × 4072 on 2 threads: 543-545 -> 580-592 GFLOP/s).
+    constexpr int64_t kAhead = 2;
+    alignas(64) uint32_t line[kRows];
+    for (int64_t i = rows; i < padded; ++i) line[i] = 0;
     for (int64_t q = 0; q < depth; ++q) {
       const int64_t kk = 2 * (q0 + q);
-      const uint16_t* even = a + kk * lda + r0 + g;
-      const uint16_t* odd = kk + 1 < k ? even + lda : nullptr;
-      for (int64_t i = 0; i < here; ++i) w[q * kRowsMicro + i] = pair(even[i], odd ? odd[i] : uint16_t(0));
-      for (int64_t i = here; i < kRowsMicro; ++i) w[q * kRowsMicro + i] = 0;
+      const uint16_t* even = a + kk * lda + r0;
+      if (kk + kAhead + 1 < k)
+        for (int64_t i = 0; i < rows; i += 32) {
+          __builtin_prefetch(even + kAhead * lda + i);
+          __builtin_prefetch(even + (kAhead + 1) * lda + i);
+        }
+      interleave_pairs_avx512(even, kk + 1 < k ? even + lda : nullptr, rows, line);
+      for (int64_t g = 0; g < padded; g += kRowsMicro)
+        std::memcpy(out + g * depth + q * kRowsMicro, line + g, kRowsMicro * sizeof(uint32_t));
+    }
+    return;
+  }
+  for (int64_t g = 0; g < padded; g += kRowsMicro) {
+    uint32_t* w = out + g * depth;
+    for (int64_t i = 0; i < kRowsMicro; ++i) {
+      if (g + i >= rows) {
+        for (int64_t q = 0; q < depth; ++q) w[q * kRowsMicro + i] = 0;
+        continue;
+      }
+      const uint16_t* row = a + (r0 + g + i) * lda;
+      // Whole pairs as 32-bit loads without a test (whole >= 0: q0 < K2); an odd k's last element alone.
+      const int64_t whole = min64(depth, k / 2 - q0);
+      for (int64_t q = 0; q < whole; ++q) std::memcpy(w + q * kRowsMicro + i, row + 2 * (q0 + q), 4);
+      for (int64_t q = whole; q < depth; ++q) w[q * kRowsMicro + i] = row_pair(row, 2 * (q0 + q), k);
     }
   }
 }
@@ -149,29 +176,41 @@ void pack_a(bool ta, const uint16_t* a, int64_t lda, int64_t m, int64_t k, int64
 // C = op(A)·op(B) (beta 0) or C += op(A)·op(B) (beta 1).
 void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda, const bfloat16* b,
              int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
-  uint32_t* packed = static_cast<uint32_t*>(thread_scratch_bytes(ScratchSlot::bgemm_b, K2 * n_pad * int64_t(sizeof(uint32_t))));
+  const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel;
+  uint32_t* packed = static_cast<uint32_t*>(thread_scratch_bytes(ScratchSlot::bgemm_b, K2 * panels * kPanel * int64_t(sizeof(uint32_t))));
   pack_b(tb, &b->bits, ldb, k, n, packed);
+  // Row tiles: groups of kRowsMicro rows dealt evenly, a multiple of the
+  // threads in number, at most kRows rows each; column tiles (panels dealt
+  // evenly) only where the groups are fewer than the threads.
   const bool threaded = m * n * k > (int64_t(1) << 17);
-  const int64_t want = threaded ? 2 * int64_t(omp_get_max_threads()) : 1;
-  int64_t tile_rows = kRows, tile_cols = kCols;
-  auto items = [&] { return ((m + tile_rows - 1) / tile_rows) * ((n_pad + tile_cols - 1) / tile_cols); };
-  while (items() < want && tile_cols > kPanel) tile_cols /= 2;
-  while (items() < want && tile_rows > kRowsMicro) tile_rows = round_up(tile_rows / 2, kRowsMicro);
-  const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
+  const int64_t threads = threaded ? int64_t(omp_get_max_threads()) : 1, groups = (m + kRowsMicro - 1) / kRowsMicro;
+  const int64_t row_tiles = min64(groups, round_up((groups + kRows / kRowsMicro - 1) / (kRows / kRowsMicro), threads));
+  const int64_t col_tiles = min64(panels, (threads + row_tiles - 1) / row_tiles);
+  const int64_t span2 = min64(K2, kSpan2);
   // Each thread's packed rows of A, taken before the region (parallel.h).
-  const PerThread row_buffers = per_thread_scratch(ScratchSlot::bgemm_rows, kRows * kDepth2 * int64_t(sizeof(uint32_t)));
+  const PerThread row_buffers = per_thread_scratch(ScratchSlot::bgemm_rows, kRows * span2 * int64_t(sizeof(uint32_t)));
 #pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
-    const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
-    const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
+    const int64_t i = item / col_tiles, j = item % col_tiles;
+    const int64_t r0 = i * groups / row_tiles * kRowsMicro, r1 = min64(m, (i + 1) * groups / row_tiles * kRowsMicro);
+    const int64_t p0 = j * panels / col_tiles, p1 = (j + 1) * panels / col_tiles, rows = r1 - r0;
+    const int64_t padded = round_up(rows, kRowsMicro);
     uint32_t* rows_packed = static_cast<uint32_t*>(own_slice(row_buffers));
-    for (int64_t q0 = 0; q0 < K2; q0 += kDepth2) {
-      const int64_t depth = min64(kDepth2, K2 - q0);
-      pack_a(ta, &a->bits, lda, m, k, r0, round_up(rows, kRowsMicro), q0, depth, rows_packed);
-      for (int64_t j = 0; j < cols; j += kPanel)
-        panel_into(q0 > 0 || accumulate, rows, min64(kPanel, n - c0 - j), depth, rows_packed,
-                   packed + ((c0 + j) / kPanel * K2 + q0) * kPanel, c + r0 * ldc + c0 + j, ldc);
+    // The tile's rows of A packed once per span of k (kSpan2 pairs) for all
+    // its columns, which it takes kCols at a time through every block of
+    // the span, so that C's tile (at most 192 × 512 floats) stays in L2;
+    // each block is packed as the first columns need it (in L2 as used).
+    for (int64_t s0 = 0; s0 < K2; s0 += kSpan2) {
+      const int64_t s1 = min64(K2, s0 + kSpan2);
+      for (int64_t c0 = p0; c0 < p1; c0 += kCols / kPanel)
+        for (int64_t q0 = s0; q0 < s1; q0 += kDepth2) {
+          const int64_t depth = min64(kDepth2, s1 - q0);
+          uint32_t* block = rows_packed + (q0 - s0) * padded;
+          if (c0 == p0) pack_a(ta, &a->bits, lda, m, k, r0, padded, q0, depth, block);
+          for (int64_t p = c0; p < min64(p1, c0 + kCols / kPanel); ++p)
+            panel_into(q0 > 0 || accumulate, rows, min64(kPanel, n - p * kPanel), depth, block,
+                       packed + (p * K2 + q0) * kPanel, c + r0 * ldc + p * kPanel, ldc);
+        }
     }
   }
 }
