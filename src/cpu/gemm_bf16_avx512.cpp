@@ -189,7 +189,12 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
   const int64_t span2 = min64(K2, kSpan2);
   // Each thread's packed rows of A, taken before the region (parallel.h).
   const PerThread row_buffers = per_thread_scratch(ScratchSlot::bgemm_rows, kRows * span2 * int64_t(sizeof(uint32_t)));
-#pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
+  // The equal tiles in equal shares (static): each thread the same rows of
+  // C every call. Alternating call by call with a dynamic hand-out in one
+  // process (Zen 5, 2 threads, two runs): weight gradients 2048 × 512 ×
+  // 4072 +2.2/+2.7%, 1024 × 256 × 2096 +2.8%, 512 × 512 × 4072 +1.3/+2.2%,
+  // the forward products within ±1%.
+#pragma omp parallel for schedule(static) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t i = item / col_tiles, j = item % col_tiles;
     const int64_t r0 = i * groups / row_tiles * kRowsMicro, r1 = min64(m, (i + 1) * groups / row_tiles * kRowsMicro);
