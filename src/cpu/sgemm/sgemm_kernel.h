@@ -54,7 +54,7 @@ constexpr int kGemmRows = 12;
 constexpr int kGemmRows = kMR;
 #endif
 constexpr int64_t kPanel = kNV * W;
-constexpr int64_t kRows = 96, kCols = 512, kDepth = 256, kMaxRows = 384, kChunk = 16;
+constexpr int64_t kRows = 96, kCols = 512, kDepth = 256, kMaxRows = 384;
 static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -82,10 +82,10 @@ inline void pack_rows(const float* A, int64_t ar, int64_t ak, int64_t rows, int6
   // eight prefetched: a group's 8 × kGemmRows elements of them are
   // contiguous in `out` (k-major), so the copy writes whole lines in order.
   // A source row at a time wrote one group's kGemmRows elements and moved
-  // on, pieces of 24 or 48 bytes scattered over every group's panel (a
-  // packing at a third of the product's time with 6-row groups: 2096 × 1024
-  // stored, one thread, 3.8 -> 1.5 M cycles a call; by panels, every panel
-  // went down all `depth` rows, pages apart, again).
+  // on, pieces of 24 or 48 bytes scattered over every group's panel (6-row
+  // groups, 1024 × 256 × 2096, one thread: 3.8 -> 1.5 M cycles a call of
+  // about 27 M; by panels, every panel went down all `depth` rows, pages
+  // apart, again).
   const int64_t groups = padded / kGemmRows;
   constexpr int64_t kStep = 8;
   for (int64_t k0 = 0; k0 < depth; k0 += kStep) {
@@ -254,8 +254,9 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     // B's rows along n, each packed row a piece of one: 16 rows at a time,
     // each read from start to end while every panel's 16 rows are written
     // together (whole lines, 16 × kPanel floats). By panels, each panel went
-    // down all k rows, one piece of each, ldb apart: a weight gradient's
-    // B (256 × 1024 × 2096 on 2 threads) took 14% of the product that way.
+    // down all k rows, one piece of each, ldb apart (256 × 1024 × 2096, one
+    // thread: 138 -> 146 GFLOP/s; two threads even).
+    constexpr int64_t kChunk = 16;
     const int64_t chunks = (k + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (pack_threaded)
     for (int64_t ch = 0; ch < chunks; ++ch)
@@ -270,20 +271,21 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
                 .store(panel + kk * kPanel + v * W);
           }
       }
-  } else
+  } else {
 #pragma omp parallel for schedule(static) if (pack_threaded)
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
-    float* panel = packed + p * k * kPanel;
-    // B is n × k: its rows along k, read 64 at a time so that the packed rows
-    // written (64 × kPanel floats) stay in L1 while `width` source rows pass.
-    if (width < kPanel)
-      for (int64_t kk = 0; kk < k; ++kk)
-        for (int64_t j = width; j < kPanel; ++j) panel[kk * kPanel + j] = 0.0f;
-    for (int64_t k0 = 0; k0 < k; k0 += 64) {
-      const int64_t k1 = min64(k, k0 + 64);
-      for (int64_t j = 0; j < width; ++j)
-        for (int64_t kk = k0; kk < k1; ++kk) panel[kk * kPanel + j] = b[(j0 + j) * ldb + kk];
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
+      float* panel = packed + p * k * kPanel;
+      // B is n × k: its rows along k, read 64 at a time so that the packed rows
+      // written (64 × kPanel floats) stay in L1 while `width` source rows pass.
+      if (width < kPanel)
+        for (int64_t kk = 0; kk < k; ++kk)
+          for (int64_t j = width; j < kPanel; ++j) panel[kk * kPanel + j] = 0.0f;
+      for (int64_t k0 = 0; k0 < k; k0 += 64) {
+        const int64_t k1 = min64(k, k0 + 64);
+        for (int64_t j = 0; j < width; ++j)
+          for (int64_t kk = k0; kk < k1; ++kk) panel[kk * kPanel + j] = b[(j0 + j) * ldb + kk];
+      }
     }
   }
   const int64_t ar = ta ? 1 : lda, ak = ta ? lda : 1;
