@@ -1,5 +1,5 @@
 // float32 products at the training step's shapes, mha's own kernel
-// (cpu/sgemm) against OpenBLAS (cblas_sgemm; its kernel set is whatever it
+// (cpu/sgemm, through cpu::gemm as the layers call it) against OpenBLAS (cblas_sgemm; its kernel set is whatever it
 // detected, see openblas_get_corename, or OPENBLAS_CORETYPE): median GFLOP/s.
 // Shapes per configuration: the forward x·Wᵀ (M = B·T rows, N = out, K = in),
 // the input gradient dy·W (M rows, N = in, K = out) and the weight gradient
@@ -93,9 +93,10 @@ int main(int argc, char** argv) try {
     for (const Product& p : products) {
       std::vector<float> a(size_t(p.m * p.k), 0.01f), b(size_t(p.k * p.n), 0.02f), out(size_t(p.m * p.n), 0.0f);
       const int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
-      auto ours = [&] {
-        if (avx512) cpu::sgemm_avx512(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
-        else cpu::sgemm_avx2(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
+      auto ours = [&] {  // mha's kernel as the dispatch calls it (a weight gradient with n > m as its transpose)
+        cpu::force_sgemm_backend(cpu::GemmBackend::mha);
+        cpu::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, out.data(), p.n);
+        cpu::force_sgemm_backend(std::nullopt);
       };
       auto blas = [&] {
         cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans, blasint(p.m),

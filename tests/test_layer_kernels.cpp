@@ -290,6 +290,48 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
           }
 }
 
+// f() on the calling thread, or (nested) on one thread of a parallel region
+// of two, as a product called from inside a layer's region runs.
+template <class F>
+void on_one_thread_of_a_team_or_not(bool nested, F&& f) {
+  if (!nested) return f();
+#pragma omp parallel num_threads(2)
+#pragma omp single
+  f();
+}
+
+// A weight gradient with more columns than rows (at least 128 rows) and k
+// past one depth block (256) on mha's kernels: cpu::gemm<float> computes it
+// as its transpose and adds that to C (gemm.cpp, as_transpose). beta 0 (C
+// not read) and 1, alpha 1 and (not that way) 0.5, from a parallel region
+// too; C's padding untouched; beside it shapes that do not go that way.
+TEST_P(LayerKernels, WeightGradientAsItsTransposeMatchesReference) {
+  cpu::force_sgemm_backend(cpu::GemmBackend::mha);
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{129, 131, 300}, {133, 290, 257}, {37, 129, 300}, {5, 5, 600}})
+    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, 1.0f}})
+      for (bool nested : {false, true}) {
+        SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " alpha " +
+                     std::to_string(alpha) + " beta " + std::to_string(beta) + (nested ? " in a parallel region" : ""));
+        const int64_t lda = m + 3, ldb = n + 2, ldc = n + 5;
+        const std::vector<float> a = random_floats(size_t(k * lda), 24), b = random_floats(size_t(k * ldb), 25);
+        std::vector<float> c = random_floats(size_t(m * ldc), 26), c_ref = c;
+        if (beta == 0.0f)
+          for (float& x : c) x = std::numeric_limits<float>::quiet_NaN();
+        const auto product = [&] { cpu::gemm<float>(true, false, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc); };
+        on_one_thread_of_a_team_or_not(nested, product);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const double want = alpha * product_entry(a, lda, true, b, ldb, false, i, j, k) +
+                                (beta == 0.0f ? 0.0 : beta * double(c_ref[size_t(i * ldc + j)]));
+            ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-4 * (1 + std::sqrt(double(k)))) << i << "," << j;
+          }
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = n; j < ldc; ++j)
+            ASSERT_TRUE(beta == 0.0f ? std::isnan(c[size_t(i * ldc + j)]) : c[size_t(i * ldc + j)] == c_ref[size_t(i * ldc + j)]);
+      }
+  cpu::force_sgemm_backend(std::nullopt);
+}
+
 // cpu::gemm<float> as the layers call it: on OpenBLAS its rows or columns
 // split over OpenMP's threads (gemm.cpp), on mha's kernel whole. Extents
 // that 16 does not divide, both splits, both transposes, from a parallel
@@ -316,13 +358,7 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
               else cpu::gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
             };
             cpu::force_sgemm_backend(backend);
-            if (nested) {
-#pragma omp parallel num_threads(2)
-#pragma omp single
-              product();
-            } else {
-              product();
-            }
+            on_one_thread_of_a_team_or_not(nested, product);
             cpu::force_sgemm_backend(std::nullopt);
             EXPECT_EQ(omp_get_max_threads(), before);
             for (int64_t i = 0; i < m; ++i)

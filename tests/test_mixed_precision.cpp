@@ -138,12 +138,14 @@ TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   // one block of columns (512), past one span of pairs (2048, k > 4096),
   // with fewer groups of 6 rows than threads (its tiles split columns), and
   // with at most 16 rows (its dot-product path for a transposed B) past one
-  // vector of k.
+  // vector of k; cpu::gemm also with more columns than rows (128 or more)
+  // and k past 256, which it computes as the transpose where op(A) is Aᵀ.
   for (cpu::Isa isa : cpu::supported_isas()) {
     cpu::force_isa(isa);
     check_bf16_products("gemm on " + cpu::to_string(isa),
                         [](auto... args) { cpu::gemm(args...); },
-                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {70, 150, 34}, {4, 3, 0}});
+                        {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {70, 150, 34}, {4, 3, 0},
+                         {129, 150, 300}});  // with a transposed A: as its transpose (gemm.cpp)
   }
   cpu::force_isa(std::nullopt);
   if (__builtin_cpu_supports("avx512bf16"))

@@ -247,6 +247,47 @@ GemmBackend sgemm_backend() {
 }
 
 namespace {
+
+// A weight gradient C = Aᵀ·B (A k × m, B k × n, k the batch's tokens) with
+// more columns than rows, on mha's kernels, computed as its transpose
+// Cᵀ = Bᵀ·A into scratch and added to C transposed: `product(tm, tn, ta_, tb_,
+// a_, lda_, b_, ldb_, t, ldt)` runs the kernel. Both kernels (cpu/sgemm,
+// gemm_bf16_avx512) pack all of op(B) before the product, k × n of it, and
+// read it back from beyond L2, while op(A) is packed tile by tile next to
+// its use: with B the larger operand (ff2's weight gradient, 256 × 1024 ×
+// 2096: B 8 MiB, A 2 MiB) that costs more than the pass over Cᵀ (1 MiB) that
+// the transpose adds. ff1's gradient, 1024 × 256 × 2096, ran at 317 GFLOP/s
+// and ff2's at 262 (bench_gemm, Zen 5, 2 threads). With fewer than 128 rows
+// the transpose has too few columns to share each packed tile of Bᵀ among
+// (64 × 256 × 1376: 4-11% slower that way). False: not such a product
+// (alpha ≠ 1, beta other than 0 or 1, k within one depth block of 256).
+template <class Product>
+bool as_transpose(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, float beta, float* c, int64_t ldc,
+                  Product&& product) {
+  if (!ta || tb || n <= m || m < 128 || k <= 256 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
+  float* t = static_cast<float*>(thread_scratch_bytes(ScratchSlot::gemm_t, n * m * int64_t(sizeof(float))));
+  product(t);  // Cᵀ, n × m, row stride m
+  // C (+)= Tᵀ in 16 × 16 blocks: a block's 16 rows of T (16 lines) are read
+  // across while 16 rows of C are written down.
+  constexpr int64_t kBlock = 16;
+  const int64_t blocks = (m + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (m * n >= (int64_t(1) << 15) && !omp_in_parallel())
+  for (int64_t ib = 0; ib < blocks; ++ib) {
+    const int64_t i0 = ib * kBlock, i1 = std::min(m, i0 + kBlock);
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t j1 = std::min(n, j0 + kBlock);
+      for (int64_t i = i0; i < i1; ++i) {
+        float* row = c + i * ldc;
+        if (beta == 0.0f)
+          for (int64_t j = j0; j < j1; ++j) row[j] = t[j * m + i];
+        else
+          for (int64_t j = j0; j < j1; ++j) row[j] += t[j * m + i];
+      }
+    }
+  }
+  return true;
+}
+
 // The product on mha's kernel when the backend gives it this one and the
 // active instruction set has it (AVX-512, AVX2); false: the caller's to do.
 bool mha_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -254,9 +295,13 @@ bool mha_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   const GemmBackend backend = sgemm_backend();
   if (backend == GemmBackend::openblas || (backend == GemmBackend::mixed && ta)) return false;
   const Isa isa = active_isa();
-  if (isa == Isa::avx512) sgemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-  else if (isa == Isa::avx2) sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-  else return false;
+  if (isa != Isa::avx512 && isa != Isa::avx2) return false;
+  const auto kernel = isa == Isa::avx512 ? &sgemm_avx512 : &sgemm_avx2;
+  if (!bias && as_transpose(ta, tb, m, n, k, alpha, beta, c, ldc, [&](float* t) {
+        kernel(true, false, n, m, k, 1.0f, b, ldb, a, lda, 0.0f, t, m, nullptr);
+      }))
+    return true;
+  kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   return true;
 }
 }  // namespace
@@ -284,6 +329,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
     const Bf16Products kind = bf16_products();
     const bool decoding = !ta && tb && m <= kBf16SkinnyRows;  // see gemm_bf16_avx512
     if (kind == Bf16Products::amx && !decoding) return gemm_bf16_amx(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (kind == Bf16Products::dot && as_transpose(ta, tb, m, n, k, alpha, beta, c, ldc, [&](float* t) {
+          gemm_bf16_avx512(true, false, n, m, k, 1.0f, b, ldb, a, lda, 0.0f, t, m);
+        }))
+      return;
     if (kind != Bf16Products::widen) return gemm_bf16_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   // op(A) is m×k: stored as m rows of k, or (transposed) k rows of m; B likewise.

@@ -21,6 +21,7 @@ enum class ScratchSlot : int {
   sgemm_b, sgemm_rows,              // cpu/sgemm: packed B panel, packed A rows
   bgemm_b, bgemm_rows,              // the same for bfloat16 pairs
   widen_a, widen_b,                 // bfloat16 operands widened to float32 (cpu/gemm.cpp)
+  gemm_t,                           // a product computed as its transpose (cpu/gemm.cpp)
   flash_a, flash_b, flash_c, flash_d,  // cpu/flash: per-tile operands, work, outputs
   layer_a, layer_b, layer_c,        // cpu/layers: partial sums
   count
