@@ -10,9 +10,10 @@
 //         broadcast one element at a time
 //   C     tiles of up to kRows × kCols (smaller when a product has too few
 //         for two per thread, taller when it is deeper than kDepth), summed
-//         over K blocks of kDepth straight into C (alpha = 1, beta 0 or 1:
-//         every product of the layers; other scalings take the product
-//         apart and scale it in). C is not read when beta = 0.
+//         over K blocks of kDepth (kDepthT for a transposed A) straight
+//         into C (alpha = 1, beta 0 or 1: every product of the layers;
+//         other scalings take the product apart and scale it in). C is not
+//         read when beta = 0.
 //
 // For each K block, one kGemmRows-row group of the tile's packed rows (12 ×
 // 256 floats, 12 KiB) stays in L1 while the tile's panels (kDepth × kPanel,
@@ -55,6 +56,21 @@ constexpr int kGemmRows = kMR;
 #endif
 constexpr int64_t kPanel = kNV * W;
 constexpr int64_t kRows = 96, kCols = 512, kDepth = 256, kMaxRows = 384;
+// The K block of a transposed A (a weight gradient: k = the batch's tokens,
+// 1376 to 4078 in the configurations): the fewer blocks, the fewer passes
+// over C's tile, each of which loads and stores every line of it, and the
+// fewer micro-tiles that start and end. A group of 12 k-major rows is then
+// 48 KiB, no longer held in L1 beside the panels; still, alternating in one
+// process against blocks of 256 (Zen 5, 2 threads), 1024 × 256 × 2096 ran
+// +4 to +8%, 256 × 256 × 2096 +18%, 256 × 64 × 1376 +11 to +16%, 512 × 512 ×
+// 4072 +5 to +8%, 2048 × 512 × 4072 -1 to +2%; 384 and 512 gained less, 2048
+// and 4096 no more. On AVX2 code (6-row groups) 1024 lost 4% at 1024 × 256 ×
+// 2096, and 512 ran even to +8%.
+#if defined(MHA_SIMD_AVX512)
+constexpr int64_t kDepthT = 1024;
+#else
+constexpr int64_t kDepthT = 512;
+#endif
 static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -313,14 +329,15 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   }
   const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
   // Each thread's packed rows of A, taken before the region (parallel.h).
-  const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, max64(tile_rows, kRows) * kDepth * int64_t(sizeof(float)));
+  const int64_t block = ak == 1 ? kDepth : kDepthT;  // K block
+  const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, max64(tile_rows, kRows) * block * int64_t(sizeof(float)));
 #pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
   for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
     const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
     const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
     float* rows_packed = static_cast<float*>(own_slice(row_buffers));
-    for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
-      const int64_t depth = min64(kDepth, k - k0);
+    for (int64_t k0 = 0; k0 < k; k0 += block) {
+      const int64_t depth = min64(block, k - k0);
       pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
       // One group of rows (kGemmRows × depth, 12 KiB) stays in L1 while the
       // tile's panels (kDepth × kPanel each, 32 KiB) come from L2 in turn.
