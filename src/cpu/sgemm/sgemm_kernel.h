@@ -228,6 +228,50 @@ inline void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const f
   }
 }
 
+// op(B) (k × n) into `panels` panels of kPanel columns at `packed` (the
+// layout in sgemm() below). Its loops are shared out among the threads of
+// the enclosing parallel region (serial outside one), and end in a barrier.
+inline void pack_b(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, int64_t panels, float* packed) {
+  if (!tb) {
+    // B's rows along n, each packed row a piece of one: 16 rows at a time,
+    // each read from start to end while every panel's 16 rows are written
+    // together (whole lines, 16 × kPanel floats). By panels, each panel went
+    // down all k rows, one piece of each, ldb apart (256 × 1024 × 2096, one
+    // thread: 138 -> 146 GFLOP/s; two threads even).
+    constexpr int64_t kChunk = 16;
+    const int64_t chunks = (k + kChunk - 1) / kChunk;
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      for (int64_t p = 0; p < panels; ++p) {
+        const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
+        float* panel = packed + p * k * kPanel;
+        for (int64_t kk = ch * kChunk; kk < min64(k, (ch + 1) * kChunk); ++kk)
+          for (int v = 0; v < kNV; ++v) {
+            const int64_t lanes = min64(W, width - v * W);
+            const float* src = b + kk * ldb + j0 + v * W;
+            (lanes == W ? Vec::load(src) : lanes > 0 ? Vec::load_partial(src, int(lanes)) : Vec::zero())
+                .store(panel + kk * kPanel + v * W);
+          }
+      }
+  } else {
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
+      float* panel = packed + p * k * kPanel;
+      // B is n × k: its rows along k, read 64 at a time so that the packed rows
+      // written (64 × kPanel floats) stay in L1 while `width` source rows pass.
+      if (width < kPanel)
+        for (int64_t kk = 0; kk < k; ++kk)
+          for (int64_t j = width; j < kPanel; ++j) panel[kk * kPanel + j] = 0.0f;
+      for (int64_t k0 = 0; k0 < k; k0 += 64) {
+        const int64_t k1 = min64(k, k0 + 64);
+        for (int64_t j = 0; j < width; ++j)
+          for (int64_t kk = k0; kk < k1; ++kk) panel[kk * kPanel + j] = b[(j0 + j) * ldb + kk];
+      }
+    }
+  }
+}
+
 }  // namespace sgemm_detail
 
 inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -265,45 +309,6 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   float* bias_pad = bias ? packed + k * n_pad : nullptr;
   if (bias)
     for (int64_t j = 0; j < n_pad; ++j) bias_pad[j] = j < n ? bias[j] : 0.0f;
-  const bool pack_threaded = k * n_pad > (int64_t(1) << 16);
-  if (!tb) {
-    // B's rows along n, each packed row a piece of one: 16 rows at a time,
-    // each read from start to end while every panel's 16 rows are written
-    // together (whole lines, 16 × kPanel floats). By panels, each panel went
-    // down all k rows, one piece of each, ldb apart (256 × 1024 × 2096, one
-    // thread: 138 -> 146 GFLOP/s; two threads even).
-    constexpr int64_t kChunk = 16;
-    const int64_t chunks = (k + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (pack_threaded)
-    for (int64_t ch = 0; ch < chunks; ++ch)
-      for (int64_t p = 0; p < panels; ++p) {
-        const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
-        float* panel = packed + p * k * kPanel;
-        for (int64_t kk = ch * kChunk; kk < min64(k, (ch + 1) * kChunk); ++kk)
-          for (int v = 0; v < kNV; ++v) {
-            const int64_t lanes = min64(W, width - v * W);
-            const float* src = b + kk * ldb + j0 + v * W;
-            (lanes == W ? Vec::load(src) : lanes > 0 ? Vec::load_partial(src, int(lanes)) : Vec::zero())
-                .store(panel + kk * kPanel + v * W);
-          }
-      }
-  } else {
-#pragma omp parallel for schedule(static) if (pack_threaded)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
-      float* panel = packed + p * k * kPanel;
-      // B is n × k: its rows along k, read 64 at a time so that the packed rows
-      // written (64 × kPanel floats) stay in L1 while `width` source rows pass.
-      if (width < kPanel)
-        for (int64_t kk = 0; kk < k; ++kk)
-          for (int64_t j = width; j < kPanel; ++j) panel[kk * kPanel + j] = 0.0f;
-      for (int64_t k0 = 0; k0 < k; k0 += 64) {
-        const int64_t k1 = min64(k, k0 + 64);
-        for (int64_t j = 0; j < width; ++j)
-          for (int64_t kk = k0; kk < k1; ++kk) panel[kk * kPanel + j] = b[(j0 + j) * ldb + kk];
-      }
-    }
-  }
   const int64_t ar = ta ? 1 : lda, ak = ta ? lda : 1;
   // Smaller tiles where the product has too few for two per thread (a
   // weight gradient of 64 × 256, say): columns first, then rows.
@@ -331,21 +336,28 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   // Each thread's packed rows of A, taken before the region (parallel.h).
   const int64_t block = ak == 1 ? kDepth : kDepthT;  // K block
   const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, max64(tile_rows, kRows) * block * int64_t(sizeof(float)));
-#pragma omp parallel for schedule(dynamic, 1) if (threaded && row_tiles * col_tiles > 1)
-  for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
-    const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
-    const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
-    float* rows_packed = static_cast<float*>(own_slice(row_buffers));
-    for (int64_t k0 = 0; k0 < k; k0 += block) {
-      const int64_t depth = min64(block, k - k0);
-      pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
-      // One group of rows (kGemmRows × depth, 12 KiB) stays in L1 while the
-      // tile's panels (kDepth × kPanel each, 32 KiB) come from L2 in turn.
-      for (int64_t g = 0; g < rows; g += kGemmRows)
-        for (int64_t j = 0; j < cols; j += kPanel)
-          group_into(ak == 1, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), min64(kPanel, n - c0 - j), depth,
-                     rows_packed + g * (ak == 1 ? kDepth : depth), packed + ((c0 + j) / kPanel * k + k0) * kPanel,
-                     c + (r0 + g) * ldc + c0 + j, ldc, k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
+  // One region for the packing of B and the tiles: the threads share the
+  // packing even of a small B, which one thread packed while the other
+  // waited (1376 × 192 × 64 with a transposed B: 11% of the product's time).
+#pragma omp parallel if (threaded || k * n_pad > (int64_t(1) << 16))
+  {
+    pack_b(tb, b, ldb, k, n, panels, packed);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
+      const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
+      const int64_t rows = min64(tile_rows, m - r0), cols = min64(tile_cols, n_pad - c0);
+      float* rows_packed = static_cast<float*>(own_slice(row_buffers));
+      for (int64_t k0 = 0; k0 < k; k0 += block) {
+        const int64_t depth = min64(block, k - k0);
+        pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
+        // One group of rows (kGemmRows × depth, 12 KiB) stays in L1 while the
+        // tile's panels (kDepth × kPanel each, 32 KiB) come from L2 in turn.
+        for (int64_t g = 0; g < rows; g += kGemmRows)
+          for (int64_t j = 0; j < cols; j += kPanel)
+            group_into(ak == 1, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), min64(kPanel, n - c0 - j), depth,
+                       rows_packed + g * (ak == 1 ? kDepth : depth), packed + ((c0 + j) / kPanel * k + k0) * kPanel,
+                       c + (r0 + g) * ldc + c0 + j, ldc, k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
+      }
     }
   }
 }
