@@ -318,7 +318,10 @@ TEST_P(LayerKernels, WeightGradientAsItsTransposeMatchesReference) {
         std::vector<float> c = random_floats(size_t(m * ldc), 26), c_ref = c;
         if (beta == 0.0f)
           for (float& x : c) x = std::numeric_limits<float>::quiet_NaN();
-        const auto product = [&] { cpu::gemm<float>(true, false, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc); };
+        // (structured bindings captured by copy: clang 14 refuses them in a [&])
+        const auto product = [&, m = m, n = n, k = k, alpha = alpha, beta = beta] {
+          cpu::gemm<float>(true, false, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+        };
         on_one_thread_of_a_team_or_not(nested, product);
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) {
