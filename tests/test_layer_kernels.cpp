@@ -258,7 +258,7 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 17, 3}, {16, 70, 129}, {17, 9, 40}, {33, 129, 65},
                          {70, 31, 777}, {2, 300, 0},
                          {400, 45, 520},   // K blocks of 256, 256, 8 over row tiles of 108 (wider than 96)
-                         {21, 35, 1300}})  // a transposed A's K blocks: 1024 + 276 (AVX-512), 512 + 512 + 276 (AVX2)
+                         {21, 35, 1300}})  // a transposed A's K blocks: 1024 + 276 (AMD's AVX-512) or 512 + 512 + 276
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}})

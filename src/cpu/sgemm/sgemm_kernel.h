@@ -10,7 +10,7 @@
 //         broadcast one element at a time
 //   C     tiles of up to kRows × kCols (smaller when a product has too few
 //         for two per thread, taller when it is deeper than kDepth), summed
-//         over K blocks of kDepth (kDepthT for a transposed A) straight
+//         over K blocks of kDepth (depth_t() for a transposed A) straight
 //         into C (alpha = 1, beta 0 or 1: every product of the layers;
 //         other scalings take the product apart and scale it in). C is not
 //         read when beta = 0.
@@ -59,18 +59,28 @@ constexpr int64_t kRows = 96, kCols = 512, kDepth = 256, kMaxRows = 384;
 // The K block of a transposed A (a weight gradient: k = the batch's tokens,
 // 1376 to 4078 in the configurations): the fewer blocks, the fewer passes
 // over C's tile, each of which loads and stores every line of it, and the
-// fewer micro-tiles that start and end. A group of 12 k-major rows is then
-// 48 KiB, no longer held in L1 beside the panels; still, alternating in one
-// process against blocks of 256 (Zen 5, 2 threads), 1024 × 256 × 2096 ran
-// +4 to +8%, 256 × 256 × 2096 +18%, 256 × 64 × 1376 +11 to +16%, 512 × 512 ×
-// 4072 +5 to +8%, 2048 × 512 × 4072 -1 to +2%; 384 and 512 gained less, 2048
-// and 4096 no more. On AVX2 code (6-row groups) 1024 lost 4% at 1024 × 256 ×
-// 2096, and 512 ran even to +8%.
+// fewer micro-tiles that start and end; but a group of 12 k-major rows of
+// 1024 is 48 KiB, no longer held in L1 beside the panels. Which wins
+// differs between cores, measured in one process against other blocks
+// (2 threads, beta 1):
+//   AMD Zen 5: 1024 against 256: 1024 × 256 × 2096 +4 to +8%, 256 × 256 ×
+//     2096 +18%, 256 × 64 × 1376 +11 to +16%, 512 × 512 × 4072 +5 to +8%,
+//     2048 × 512 × 4072 -1 to +2%; 384 and 512 gained less, 2048 and 4096
+//     no more.
+//   Intel Xeon with AMX (family 6, 48 KiB L1, 2 MiB L2): 1024 lost 8-12%
+//     against 512 at 2048 × 512 × 4072 and 512 × 512 × 4072 (three runs);
+//     512 ran 2-8% ahead of 256 and even to +2% against 384.
+//   AVX2 code (6-row groups, Zen 5): 1024 lost 4% at 1024 × 256 × 2096; 512
+//     ran even to +8% against 256.
+// So 1024 on AMD's AVX-512 cores, 512 elsewhere.
+inline int64_t depth_t() {
 #if defined(MHA_SIMD_AVX512)
-constexpr int64_t kDepthT = 1024;
+  static const int64_t block = __builtin_cpu_is("amd") ? 1024 : 512;
+  return block;
 #else
-constexpr int64_t kDepthT = 512;
+  return 512;
 #endif
+}
 static_assert(kCols % kPanel == 0 && kRows % kGemmRows == 0);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -334,7 +344,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   }
   const int64_t row_tiles = (m + tile_rows - 1) / tile_rows, col_tiles = (n_pad + tile_cols - 1) / tile_cols;
   // Each thread's packed rows of A, taken before the region (parallel.h).
-  const int64_t block = ak == 1 ? kDepth : kDepthT;  // K block
+  const int64_t block = ak == 1 ? kDepth : depth_t();  // K block
   const PerThread row_buffers = per_thread_scratch(ScratchSlot::sgemm_rows, max64(tile_rows, kRows) * block * int64_t(sizeof(float)));
   // One region for the packing of B and the tiles: the threads share the
   // packing even of a small B, which one thread packed while the other
