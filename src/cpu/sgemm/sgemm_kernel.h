@@ -75,7 +75,10 @@ constexpr int64_t kRows = 96, kCols = 512, kDepth = 256, kMaxRows = 384;
 // So 1024 on AMD's AVX-512 cores, 512 elsewhere.
 inline int64_t depth_t() {
 #if defined(MHA_SIMD_AVX512)
-  static const int64_t block = __builtin_cpu_is("amd") ? 1024 : 512;
+  static const int64_t block = [] {
+    __builtin_cpu_init();  // (a product called from another library's constructor may precede libgcc's)
+    return __builtin_cpu_is("amd") ? 1024 : 512;
+  }();
   return block;
 #else
   return 512;
