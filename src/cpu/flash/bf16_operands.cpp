@@ -5,13 +5,12 @@
 
 #include <cstring>
 
+#include "cpu/flash/float_operands.h"
 #include "cpu/gemm.h"
 
 namespace mha::cpu {
 
 namespace {
-
-Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
 // An uninitialised bfloat16 tensor of t's leading dims and (rows, cols).
 Tensor resized(const Tensor& t, int64_t rows, int64_t cols) {

@@ -1,6 +1,7 @@
 // The fused attention path above the kernels: picks the instruction set once,
 // packs query tiles (transposed, scaled, float32), converts keys/values that
-// are not float32 rows, runs tiles on OpenMP threads and folds gradients.
+// are not float32 rows (float_operands.h, bf16_operands.h), runs tiles on
+// OpenMP threads and folds gradients.
 #include "cpu/flash/dispatch.h"
 
 #include <omp.h>
@@ -10,13 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <type_traits>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
 
 #include "check.h"
 #include "cpu/flash/bf16_operands.h"
+#include "cpu/flash/float_operands.h"
 #include "cpu/flash/kept_scores.h"
 #include "cpu/gemm.h"
 #include "cpu/parallel.h"
@@ -112,87 +110,6 @@ int64_t query_tile(int64_t L, int64_t width) {
   return std::min(kQueryTile, round_up((L + tiles - 1) / tiles, width));
 }
 
-// Element (row, col) of a strided operand as float.
-struct Loader {
-  const void* base;
-  DType dtype;
-  float at(int64_t offset) const {
-    if (dtype == DType::bfloat16) return float(static_cast<const bfloat16*>(base)[offset]);
-    return static_cast<const float*>(base)[offset];
-  }
-  // f(typed pointer to element `offset`): the element type looked at once
-  // for a whole loop (per element it cost as much as the backward's
-  // products at E = 32, L = 131).
-  template <class F>
-  decltype(auto) typed(int64_t offset, F&& f) const {
-    if (dtype == DType::bfloat16) return f(static_cast<const bfloat16*>(base) + offset);
-    return f(static_cast<const float*>(base) + offset);
-  }
-};
-
-Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
-
-// An operand as float32 rows of at least `width` readable floats: the tensor
-// itself when it already is one (float32, unit element stride, last dim ==
-// width), else a converted copy padded with zeros to `width`.
-struct FloatRows {
-  Tensor tensor;
-  std::vector<int64_t> offset;  // per output batch entry
-  int64_t row = 0;
-  const float* at(int64_t b) const { return tensor.data<float>() + offset[size_t(b)]; }
-  const uint16_t* at16(int64_t b) const { return &tensor.data<bfloat16>()[offset[size_t(b)]].bits; }
-};
-
-// The float32 rows of t, `width` wide (zero-padded past t's last dim), as
-// they are where they can be, else copied. With `compact`, rows apart (the
-// heads of an (N, L, H·E) tensor or of the packed q, k, v: 1-3 KiB) are copied
-// together too (with `as_bf16`: t's bfloat16 rows as they are where they can
-// be). Rows 1 KiB apart fall into a quarter of L1's sets: the forward at
-// L = 2040, E = 64 on views of a packed projection took 11-13% longer than on
-// contiguous copies of the same rows; copying K and V gets most of that
-// back (21.3-22.3 against 22.6-23.4 ms), copying either alone nothing.
-FloatRows float_rows(const Tensor& t, const AttentionParams& p, int64_t width, bool compact = false,
-                     bool as_bf16 = false) {
-  FloatRows r;
-  const int64_t n = t.size(-1);
-  const DType kept = as_bf16 ? DType::bfloat16 : DType::float32;
-  if (t.dtype() == kept && t.stride(-1) == 1 && n == width && (!compact || t.stride(-2) == width)) {
-    r.tensor = t;
-  } else {
-    Shape padded = t.shape();
-    padded.back() = width;
-    r.tensor = n == width ? Tensor::empty(padded, DType::float32) : Tensor::zeros(padded, DType::float32);
-    r.tensor.slice(-1, 0, n).copy_(t);
-  }
-  r.offset = batch_offsets(p.batch_shape, leading(r.tensor.shape()), leading(r.tensor.strides()));
-  r.row = r.tensor.stride(-2);
-  return r;
-}
-
-// Where each batch entry's rows of an output lie: out (or a gradient) may be
-// a view with a unit last stride, such as the heads of an (N, L, H·E) tensor.
-struct EntryRows {
-  std::vector<int64_t> offset;  // elements, per batch entry
-  int64_t row = 0;
-};
-
-EntryRows entry_rows(const Tensor& t, const AttentionParams& p) {
-  return {batch_offsets(p.batch_shape, leading(t.shape()), leading(t.strides())), t.stride(-2)};
-}
-
-// Rows of `rows` × `width` per entry, one entry after another.
-EntryRows packed_entries(int64_t batch, int64_t rows, int64_t width) {
-  EntryRows r{std::vector<int64_t>(size_t(batch)), width};
-  for (int64_t b = 0; b < batch; ++b) r.offset[size_t(b)] = b * rows * width;
-  return r;
-}
-
-// rows × width floats (contiguous) rounded into bfloat16 rows `row` apart.
-void store_rows(const float* src, int64_t rows, int64_t width, bfloat16* dst, int64_t row) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t x = 0; x < width; ++x) dst[i * row + x] = bfloat16(src[i * width + x]);
-}
-
 // The kernels for bfloat16 attention, as bf16_products() chooses for the
 // layers' products: on float32 rows of the widened values (widen, also for
 // every other dtype and instruction set), on vdpbf16ps (dot), on AMX (amx).
@@ -221,45 +138,6 @@ void fill_dropout(const void* ctx, int64_t i0, int64_t rows, int64_t j0, int64_t
           dropout_keep(d.seed, d.b, uint64_t(i0 + i), uint64_t(j0 + j), d.threshold) ? d.scale : 0.0f;
     for (int64_t i = rows; i < ldf; ++i) factors[j * ldf + i] = 0.0f;
   }
-}
-
-// qt (E × br) = Q rows [i0, i0+rows) transposed, times `factor`; pad columns 0.
-// Float32 rows along e (col = 1) go four rows by four elements at a time,
-// transposed in SSE registers (baseline x86-64): element by element, the
-// copy down qt's columns took 7% of the backward at L = 131, E = 32 (one
-// load and one store per float, each row of Q read once per e).
-void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
-                     int64_t E, int64_t br, float factor, float* qt) {
-  src.typed(base + i0 * row, [&](const auto* first) {
-    int64_t done = 0;  // rows transposed by blocks
-#if defined(__SSE__)
-    if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(first)>>, float>) {
-      if (col == 1) {
-        const __m128 f = _mm_set1_ps(factor);
-        for (; done + 4 <= rows; done += 4) {
-          const float* r = first + done * row;
-          int64_t e = 0;
-          for (; e + 4 <= E; e += 4) {
-            __m128 a = _mm_loadu_ps(r + e), b = _mm_loadu_ps(r + row + e);
-            __m128 c = _mm_loadu_ps(r + 2 * row + e), d = _mm_loadu_ps(r + 3 * row + e);
-            _MM_TRANSPOSE4_PS(a, b, c, d);
-            _mm_storeu_ps(qt + e * br + done, _mm_mul_ps(a, f));
-            _mm_storeu_ps(qt + (e + 1) * br + done, _mm_mul_ps(b, f));
-            _mm_storeu_ps(qt + (e + 2) * br + done, _mm_mul_ps(c, f));
-            _mm_storeu_ps(qt + (e + 3) * br + done, _mm_mul_ps(d, f));
-          }
-          for (; e < E; ++e)
-            for (int64_t i = 0; i < 4; ++i) qt[e * br + done + i] = r[i * row + e] * factor;
-        }
-      }
-    }
-#endif
-    for (int64_t e = 0; e < E; ++e) {
-      float* dst = qt + e * br;
-      for (int64_t i = done; i < rows; ++i) dst[i] = float(first[i * row + e * col]) * factor;
-      for (int64_t i = rows; i < br; ++i) dst[i] = 0.0f;
-    }
-  });
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ namespace mha::cpu::MHA_ISA_NAMESPACE {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int W = Vec::W;
+constexpr int64_t kLineFloats = 64 / int64_t(sizeof(float));  // floats in a cache line
 
 #if defined(MHA_SIMD_AVX512)
 constexpr int kMR = 8;  // rows per micro-tile: 8 × 2 vectors = 16 of 32 registers
@@ -653,11 +654,11 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
         c = Vec::set1(logit_multiplier(h.mask, h.logit_scale));
         // Into L1 while dP's product runs: from L2 where the previous tile's
         // loop fetched them, else from memory.
-        for (int64_t x = 0; x < kept * br; x += 64 / int64_t(sizeof(float))) __builtin_prefetch(s + x, 0, 3);
+        for (int64_t x = 0; x < kept * br; x += kLineFloats) __builtin_prefetch(s + x, 0, 3);
         if (i0 + br < q_hi) {
           int64_t next_kept;
           next = kept_tile(h, j0, cols, i0 + br, next_kept);
-          next_lines = next_kept * br / (64 / int64_t(sizeof(float)));
+          next_lines = next_kept * br / kLineFloats;
         }
       } else {
         products.scores(j0, cols, tile, st);
@@ -669,8 +670,8 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          // nv·cols iterations against next_lines = kept·br/16 ≤ cols·nv lines (W ≤ 16).
-          if (const int64_t line = v * cols + j; line < next_lines) __builtin_prefetch(next + line * (64 / int64_t(sizeof(float))), 0, 2);
+          // nv·cols iterations against next_lines = kept·br/kLineFloats ≤ cols·nv lines (W ≤ kLineFloats).
+          if (const int64_t line = v * cols + j; line < next_lines) __builtin_prefetch(next + line * kLineFloats, 0, 2);
           const Vec p = j < kept ? probability(Vec::load(s + j * br + v * W), c, lse2) : Vec::zero();
           Vec dp = Vec::load(dst + j * br + v * W);
           Vec pd = p;
