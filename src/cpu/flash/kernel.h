@@ -97,25 +97,57 @@ inline void micro_rows(int64_t rows, const float* A, int64_t ar, int64_t ak, con
   }
 }
 
+// Cache lines [0, lines) from p, to bring into L2 while a product runs: a
+// share of them before each of its micro-tiles, so that their misses go out
+// a few at a time among the FMAs instead of all at once.
+struct Ahead {
+  const float* p = nullptr;
+  int64_t lines = 0;
+};
+
+// Share i of n consecutive shares of a's lines.
+inline Ahead share(const Ahead& a, int64_t i, int64_t n) {
+  const int64_t per = (a.lines + n - 1) / n, first = min64(a.lines, i * per);
+  return {a.p + first * kLineFloats, min64(a.lines, first + per) - first};
+}
+
+inline void prefetch_to_l2(const Ahead& a) {
+  for (int64_t x = 0; x < a.lines; ++x) __builtin_prefetch(a.p + x * kLineFloats, 0, 2);
+}
+
 // C's columns [c0, c0 + NV·W) over all R rows, a micro-tile of rows_for<NV>() rows at a time.
 template <int NV, bool ACC>
 inline void gemm_columns(int64_t R, int64_t K, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb,
-                         float* C, int64_t ldc, int64_t c0) {
+                         float* C, int64_t ldc, int64_t c0, const Ahead& ahead) {
   constexpr int MR = rows_for<NV>();
-  for (int64_t r0 = 0; r0 < R; r0 += MR)
+  const int64_t tiles = (R + MR - 1) / MR;
+  for (int64_t r0 = 0; r0 < R; r0 += MR) {
+    prefetch_to_l2(share(ahead, r0 / MR, tiles));
     micro_rows<MR, NV, ACC>(min64(MR, R - r0), A + r0 * ar, ar, ak, B + c0, ldb, C + r0 * ldc + c0, ldc, K);
+  }
 }
 
-// C (R × N, N a multiple of W) (+)= A (R × K, strides ar, ak) · B (K × N, row stride ldb).
+// C (R × N, N a multiple of W) (+)= A (R × K, strides ar, ak) · B (K × N, row
+// stride ldb), bringing `ahead` into L2 on the way.
 template <bool ACC>
 void gemm(int64_t R, int64_t N, int64_t K, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb,
-          float* C, int64_t ldc) {
-  int64_t c0 = 0;
+          float* C, int64_t ldc, const Ahead& ahead = {}) {
 #if defined(MHA_SIMD_AVX512)
-  for (; c0 + 4 * W <= N; c0 += 4 * W) gemm_columns<4, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0);
+  constexpr int64_t kWidest = 4;
+#else
+  constexpr int64_t kWidest = 2;
 #endif
-  for (; c0 + 2 * W <= N; c0 += 2 * W) gemm_columns<2, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0);
-  for (; c0 < N; c0 += W) gemm_columns<1, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0);
+  // Column blocks of kWidest·W, then of 2W and W, as the loops below take them.
+  const int64_t widest = N / (kWidest * W), rest = N - widest * kWidest * W;
+  const int64_t blocks = widest + (kWidest > 2 ? rest / (2 * W) + rest % (2 * W) / W : rest / W);
+  int64_t c0 = 0, block = 0;
+#if defined(MHA_SIMD_AVX512)
+  for (; c0 + 4 * W <= N; c0 += 4 * W)
+    gemm_columns<4, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, share(ahead, block++, blocks));
+#endif
+  for (; c0 + 2 * W <= N; c0 += 2 * W)
+    gemm_columns<2, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, share(ahead, block++, blocks));
+  for (; c0 < N; c0 += W) gemm_columns<1, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, share(ahead, block++, blocks));
 }
 
 // Whether every (query, key) of the tile is inside the band.
@@ -593,19 +625,22 @@ struct FloatBackwardProducts {
   void scores(int64_t j0, int64_t cols, int64_t tile, float* st) const {
     gemm<false>(cols, h.br, h.E, h.k + j0 * h.k_row, h.k_row, 1, h.qt + tile * h.E * h.br, h.br, st, h.br);
   }
-  // dP_T (cols × br) = V[j0 …] · dO_T of query tile `tile`.
-  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt) const {
-    gemm<false>(cols, h.br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, h.dot + tile * h.Ev * h.br, h.br, dpt, h.br);
+  // dP_T (cols × br) = V[j0 …] · dO_T of query tile `tile`. Each product
+  // brings `ahead` into L2 as it goes (backward_head_with).
+  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt, const Ahead& ahead) const {
+    gemm<false>(cols, h.br, h.Ev, h.v + j0 * h.v_row, h.v_row, 1, h.dot + tile * h.Ev * h.br, h.br, dpt, h.br, ahead);
   }
   // dV (cols × Ev_pad) += (P∘F)_T · dO_tile;  dK (cols × E_pad) += (dS·scale)_T · Q_tile.
   void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
-                     float* dv_acc) const {
-    gemm<true>(cols, h.Ev_pad, rows, pdrop, h.br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad);
-    gemm<true>(cols, h.E_pad, rows, dst, h.br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad);
+                     float* dv_acc, const Ahead& ahead) const {
+    gemm<true>(cols, h.Ev_pad, rows, pdrop, h.br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad,
+               share(ahead, 0, 2));
+    gemm<true>(cols, h.E_pad, rows, dst, h.br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad, share(ahead, 1, 2));
   }
   // dQ_tile (rows × E_pad) += (dS·scale) · K_tile: A(i, j) = dS_T[j][i].
-  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst) const {
-    gemm<true>(rows, h.E_pad, cols, dst, 1, h.br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row);
+  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst, const Ahead& ahead) const {
+    gemm<true>(rows, h.E_pad, cols, dst, 1, h.br, h.k + j0 * h.k_row, h.k_row, h.dq + i0 * h.dq_row, h.dq_row,
+               ahead);
   }
 };
 
@@ -645,12 +680,15 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
       // (`kept` of them here); the keys past it are outside every row's band, P = 0.
       const float* s = st;
       int64_t kept = cols;
-      // The next query tile's kept scores (kept × br floats at `next`), for the
-      // softmax loop below to bring into L2 a line at a time. Asked for only
-      // as each tile began, 256 lines from memory at once, the prefetches
-      // waited for line-fill buffers: 46% of this function's own cycles at
-      // (8, 2039, 64) causal (AVX-512 Xeon, 2 threads; backward medians of six
-      // alternating runs 35.7 -> 34.4 ms, AVX2 code 55.2 -> 54.3 ms).
+      // The next query tile's kept scores (next_lines lines at `next`), for
+      // this tile's products to bring into L2, a share before each micro-tile
+      // (Ahead). Asked for as each tile began, 256 lines from memory at once,
+      // the prefetches waited for line-fill buffers: 46% of this function's
+      // own cycles at (8, 2039, 64) causal (AVX-512 Xeon, 2 threads; backward
+      // 35.7 -> 34.4 ms asked for a line with each iteration of the softmax
+      // loop below, AVX2 code 55.2 -> 54.3). That loop's 3-4k cycles still
+      // sent them out in a burst; spread over the products' 40-45k: 35.5 ->
+      // 34.4 ms (medians of ten alternating runs), AVX2 code even.
       const float* next = nullptr;
       int64_t next_lines = 0;
       Vec c;
@@ -670,13 +708,17 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
         c = Vec::set1(finish_scores(st, br, h.logit_scale, i0, rows, j0, cols, h.band,
                                     h.mask ? h.mask + i0 * h.mask_row : nullptr, h.mask_row, h.mask_col));
       }
-      products.dprobs(j0, cols, tile, dst);
+      // Shares of those lines: one for dP's product, two for dK's and dV's, one for dQ's.
+      const int64_t parts = 1 + (h.want_dkdv ? 2 : 0) + (h.want_dq ? 1 : 0), per = (next_lines + parts - 1) / parts;
+      const auto ahead = [&](int64_t first, int64_t count) {
+        const int64_t from = min64(next_lines, first * per), to = min64(next_lines, (first + count) * per);
+        return Ahead{next + from * kLineFloats, to - from};
+      };
+      products.dprobs(j0, cols, tile, dst, ahead(0, 1));
       if (drop) h.dropout.fill(h.dropout.ctx, i0, rows, j0, cols, factors, br);
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
         for (int64_t j = 0; j < cols; ++j) {
-          // nv·cols iterations against next_lines = kept·br/kLineFloats ≤ cols·nv lines (W ≤ kLineFloats).
-          if (const int64_t line = v * cols + j; line < next_lines) __builtin_prefetch(next + line * kLineFloats, 0, 2);
           const Vec p = j < kept ? probability(Vec::load(s + j * br + v * W), c, lse2) : Vec::zero();
           Vec dp = Vec::load(dst + j * br + v * W);
           Vec pd = p;
@@ -689,8 +731,8 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
           ((p * scale) * (dp - delta)).store(dst + j * br + v * W);  // dS_T · scale
         }
       }
-      if (h.want_dkdv) products.key_gradients(cols, i0, rows, pdrop, dst, dk_acc, dv_acc);
-      if (h.want_dq) products.query_gradient(j0, cols, i0, rows, dst);
+      if (h.want_dkdv) products.key_gradients(cols, i0, rows, pdrop, dst, dk_acc, dv_acc, ahead(1, 2));
+      if (h.want_dq) products.query_gradient(j0, cols, i0, rows, dst, ahead(parts - 1, 1));
     }
     if (!h.want_dkdv) continue;
     for (int64_t j = 0; j < cols; ++j) {
@@ -720,13 +762,14 @@ struct Bf16BackwardProducts {
     gemm_bf16<false>(cols, h.br, e2, reinterpret_cast<const uint32_t*>(h.k16 + j0 * h.k16_row), h.k16_row / 2, 1,
                      h.qt2 + tile * e2 * h.br * 2, 2 * h.br, st, h.br);
   }
-  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt) const {
+  // (No kept scores with bfloat16 products, so nothing `ahead`.)
+  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt, const Ahead&) const {
     const int64_t ev2 = (h.Ev + 1) / 2;
     gemm_bf16<false>(cols, h.br, ev2, reinterpret_cast<const uint32_t*>(h.v16 + j0 * h.v16_row), h.v16_row / 2, 1,
                      h.dot2 + tile * ev2 * h.br * 2, 2 * h.br, dpt, h.br);
   }
   void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
-                     float* dv_acc) const {
+                     float* dv_acc, const Ahead&) const {
     round_rows(pdrop, cols, h.br, p16, h.br);
     round_rows(dst, cols, h.br, ds16, h.br);
     const int64_t pairs = (rows + 1) / 2;  // an odd tile's last pair meets a pad query: P = dS = 0 there
@@ -735,7 +778,7 @@ struct Bf16BackwardProducts {
     gemm_bf16<true>(cols, h.E_pad, pairs, reinterpret_cast<const uint32_t*>(ds16), h.br / 2, 1,
                     h.q2 + i0 * h.E_pad, 2 * h.E_pad, dk_acc, h.E_pad);
   }
-  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst) const {
+  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst, const Ahead&) const {
     pairs_along_keys(dst, h.br, cols, ds2);
     gemm_bf16<true>(rows, h.E_pad, (cols + 1) / 2, reinterpret_cast<const uint32_t*>(ds2), 1, h.br,
                     h.k2 + j0 * h.E_pad, 2 * h.E_pad, h.dq + i0 * h.dq_row, h.dq_row);

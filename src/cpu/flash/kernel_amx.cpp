@@ -77,13 +77,14 @@ struct AmxBackwardProducts {
   void scores(int64_t j0, int64_t cols, int64_t tile, float* st) const {
     scores_amx(h.k16, h.k16_row, h.qt2 + tile * up(h.E, 32) * h.br, h.E, h.br, j0, cols, st);
   }
-  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt) const {
+  // (No kept scores with bfloat16 products, so nothing `ahead`.)
+  void dprobs(int64_t j0, int64_t cols, int64_t tile, float* dpt, const Ahead&) const {
     scores_amx(h.v16, h.v16_row, h.dot2 + tile * up(h.Ev, 32) * h.br, h.Ev, h.br, j0, cols, dpt);
   }
   // dV (cols × Ev_pad) += (P∘F)_T · dO, dK (cols × E_pad) += (dS·scale)_T · Q
   // over the tile's queries (pad queries: P = dS = 0, and their dO and Q 0).
   void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
-                     float* dv_acc) const {
+                     float* dv_acc, const Ahead&) const {
     (void)rows;
     round_rows(pdrop, cols, h.br, p16, br32);
     round_rows(dst, cols, h.br, ds16, br32);
@@ -96,7 +97,7 @@ struct AmxBackwardProducts {
                 kFlashKeyTile, h.E_pad);
   }
   // dQ (rows × E_pad) += (dS·scale) · K over the tile's keys.
-  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst) const {
+  void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst, const Ahead&) const {
     const int64_t steps = (cols + 31) / 32;
     pairs_along_keys(dst, h.br, cols, ds2);
     zero_pairs(ds2, h.br, (cols + 1) / 2, steps * T);
