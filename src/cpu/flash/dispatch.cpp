@@ -285,7 +285,7 @@ bool flash_attention_forward(const AttentionParams& p, AttentionOutput& r) {
       else t.v2 = value_pairs.at(b);
     } else {
       float* qt = static_cast<float*>(own_slice(query_tiles));
-      pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, 1.0f, qt);
+      pack_transposed(q, p.q_offset[size_t(b)], p.q_row, p.q_col, i0, rows, E, br, qt);
       t.qt = qt;
       t.k = keys.at(b), t.k_row = keys.row;
       t.v = values.at(b), t.v_row = values.row;
@@ -411,8 +411,8 @@ struct BackwardPlan {
       const float* d_rows = douts.at(b);
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t i0 = tile * br, rows = std::min(br, L - i0);
-        pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, 1.0f, d.qt + tile * E * br);
-        pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, 1.0f, d.dot + tile * Ev * br);
+        pack_transposed({q_rows, DType::float32}, 0, queries.row, 1, i0, rows, E, br, d.qt + tile * E * br);
+        pack_transposed({d_rows, DType::float32}, 0, douts.row, 1, i0, rows, Ev, br, d.dot + tile * Ev * br);
       }
       if (d.q) {  // whole padded rows: the products read the pad columns too (a padded copy's are 0)
         const auto copy_rows = [](float* dst, const float* src, int64_t rows, int64_t row, int64_t width) {
@@ -512,7 +512,7 @@ bool add_weights_gradient(const BackwardPlan& plan) {
     float* x = qt + E * br + br * Ev;  // one row of C∘dW
     for (int64_t i0 = c0; i0 < c0 + rows; i0 += br) {
       pack_transposed({plan.queries.at(b), DType::float32}, 0, plan.queries.row, 1, i0, std::min(br, L - i0), E, br,
-                      1.0f, qt);
+                      qt);
       FlashForwardTile t{};
       t.qt = qt, t.logit_scale = float(p.scale) * kLog2e;
       t.k = plan.keys.at(b), t.k_row = plan.keys.row, t.v = plan.values.at(b), t.v_row = plan.values.row;

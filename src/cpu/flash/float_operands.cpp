@@ -45,13 +45,12 @@ void store_rows(const float* src, int64_t rows, int64_t width, bfloat16* dst, in
 // copy down qt's columns took 7% of the backward at L = 131, E = 32 (one
 // load and one store per float, each row of Q read once per e).
 void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
-                     int64_t E, int64_t br, float factor, float* qt) {
+                     int64_t E, int64_t br, float* qt) {
   src.typed(base + i0 * row, [&](const auto* first) {
     int64_t done = 0;  // rows transposed by blocks
 #if defined(__SSE__)
     if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(first)>>, float>) {
       if (col == 1) {
-        const __m128 f = _mm_set1_ps(factor);
         for (; done + 4 <= rows; done += 4) {
           const float* r = first + done * row;
           int64_t e = 0;
@@ -59,24 +58,23 @@ void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, 
             __m128 a = _mm_loadu_ps(r + e), b = _mm_loadu_ps(r + row + e);
             __m128 c = _mm_loadu_ps(r + 2 * row + e), d = _mm_loadu_ps(r + 3 * row + e);
             _MM_TRANSPOSE4_PS(a, b, c, d);
-            _mm_storeu_ps(qt + e * br + done, _mm_mul_ps(a, f));
-            _mm_storeu_ps(qt + (e + 1) * br + done, _mm_mul_ps(b, f));
-            _mm_storeu_ps(qt + (e + 2) * br + done, _mm_mul_ps(c, f));
-            _mm_storeu_ps(qt + (e + 3) * br + done, _mm_mul_ps(d, f));
+            _mm_storeu_ps(qt + e * br + done, a);
+            _mm_storeu_ps(qt + (e + 1) * br + done, b);
+            _mm_storeu_ps(qt + (e + 2) * br + done, c);
+            _mm_storeu_ps(qt + (e + 3) * br + done, d);
           }
           for (; e < E; ++e)
-            for (int64_t i = 0; i < 4; ++i) qt[e * br + done + i] = r[i * row + e] * factor;
+            for (int64_t i = 0; i < 4; ++i) qt[e * br + done + i] = r[i * row + e];
         }
       }
     }
 #endif
     for (int64_t e = 0; e < E; ++e) {
       float* dst = qt + e * br;
-      for (int64_t i = done; i < rows; ++i) dst[i] = float(first[i * row + e * col]) * factor;
+      for (int64_t i = done; i < rows; ++i) dst[i] = float(first[i * row + e * col]);
       for (int64_t i = rows; i < br; ++i) dst[i] = 0.0f;
     }
   });
 }
-
 
 }  // namespace mha::cpu

@@ -69,8 +69,8 @@ EntryRows packed_entries(int64_t batch, int64_t rows, int64_t width);
 // rows × width floats (contiguous) rounded into bfloat16 rows `row` apart.
 void store_rows(const float* src, int64_t rows, int64_t width, bfloat16* dst, int64_t row);
 
-// qt (E × br) = Q rows [i0, i0+rows) transposed, times `factor`; pad columns 0.
+// qt (E × br) = Q rows [i0, i0+rows) transposed; pad columns 0.
 void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
-                     int64_t E, int64_t br, float factor, float* qt);
+                     int64_t E, int64_t br, float* qt);
 
 }  // namespace mha::cpu

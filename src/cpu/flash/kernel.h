@@ -105,10 +105,10 @@ struct Ahead {
   int64_t lines = 0;
 };
 
-// Share i of n consecutive shares of a's lines.
-inline Ahead share(const Ahead& a, int64_t i, int64_t n) {
-  const int64_t per = (a.lines + n - 1) / n, first = min64(a.lines, i * per);
-  return {a.p + first * kLineFloats, min64(a.lines, first + per) - first};
+// The lines of a that fall to parts [from, to) of n equal parts.
+inline Ahead part(const Ahead& a, int64_t from, int64_t to, int64_t n) {
+  const int64_t first = a.lines * from / n, last = a.lines * to / n;
+  return {a.p + first * kLineFloats, last - first};
 }
 
 inline void prefetch_to_l2(const Ahead& a) {
@@ -122,32 +122,25 @@ inline void gemm_columns(int64_t R, int64_t K, const float* A, int64_t ar, int64
   constexpr int MR = rows_for<NV>();
   const int64_t tiles = (R + MR - 1) / MR;
   for (int64_t r0 = 0; r0 < R; r0 += MR) {
-    prefetch_to_l2(share(ahead, r0 / MR, tiles));
+    prefetch_to_l2(part(ahead, r0 / MR, r0 / MR + 1, tiles));
     micro_rows<MR, NV, ACC>(min64(MR, R - r0), A + r0 * ar, ar, ak, B + c0, ldb, C + r0 * ldc + c0, ldc, K);
   }
 }
 
 // C (R × N, N a multiple of W) (+)= A (R × K, strides ar, ak) · B (K × N, row
-// stride ldb), bringing `ahead` into L2 on the way.
+// stride ldb), bringing `ahead` into L2 on the way, each block of columns its
+// share of the lines.
 template <bool ACC>
 void gemm(int64_t R, int64_t N, int64_t K, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb,
           float* C, int64_t ldc, const Ahead& ahead = {}) {
-#if defined(MHA_SIMD_AVX512)
-  constexpr int64_t kWidest = 4;
-#else
-  constexpr int64_t kWidest = 2;
-#endif
-  // Column blocks of kWidest·W, then of 2W and W, as the loops below take them.
-  const int64_t widest = N / (kWidest * W), rest = N - widest * kWidest * W;
-  const int64_t blocks = widest + (kWidest > 2 ? rest / (2 * W) + rest % (2 * W) / W : rest / W);
-  int64_t c0 = 0, block = 0;
+  int64_t c0 = 0;
 #if defined(MHA_SIMD_AVX512)
   for (; c0 + 4 * W <= N; c0 += 4 * W)
-    gemm_columns<4, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, share(ahead, block++, blocks));
+    gemm_columns<4, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, part(ahead, c0, c0 + 4 * W, N));
 #endif
   for (; c0 + 2 * W <= N; c0 += 2 * W)
-    gemm_columns<2, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, share(ahead, block++, blocks));
-  for (; c0 < N; c0 += W) gemm_columns<1, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, share(ahead, block++, blocks));
+    gemm_columns<2, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, part(ahead, c0, c0 + 2 * W, N));
+  for (; c0 < N; c0 += W) gemm_columns<1, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, part(ahead, c0, c0 + W, N));
 }
 
 // Whether every (query, key) of the tile is inside the band.
@@ -634,8 +627,8 @@ struct FloatBackwardProducts {
   void key_gradients(int64_t cols, int64_t i0, int64_t rows, const float* pdrop, const float* dst, float* dk_acc,
                      float* dv_acc, const Ahead& ahead) const {
     gemm<true>(cols, h.Ev_pad, rows, pdrop, h.br, 1, h.dout + i0 * h.dout_row, h.dout_row, dv_acc, h.Ev_pad,
-               share(ahead, 0, 2));
-    gemm<true>(cols, h.E_pad, rows, dst, h.br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad, share(ahead, 1, 2));
+               part(ahead, 0, 1, 2));
+    gemm<true>(cols, h.E_pad, rows, dst, h.br, 1, h.q + i0 * h.q_row, h.q_row, dk_acc, h.E_pad, part(ahead, 1, 2, 2));
   }
   // dQ_tile (rows × E_pad) += (dS·scale) · K_tile: A(i, j) = dS_T[j][i].
   void query_gradient(int64_t j0, int64_t cols, int64_t i0, int64_t rows, const float* dst, const Ahead& ahead) const {
@@ -709,12 +702,9 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
                                     h.mask ? h.mask + i0 * h.mask_row : nullptr, h.mask_row, h.mask_col));
       }
       // Shares of those lines: one for dP's product, two for dK's and dV's, one for dQ's.
-      const int64_t parts = 1 + (h.want_dkdv ? 2 : 0) + (h.want_dq ? 1 : 0), per = (next_lines + parts - 1) / parts;
-      const auto ahead = [&](int64_t first, int64_t count) {
-        const int64_t from = min64(next_lines, first * per), to = min64(next_lines, (first + count) * per);
-        return Ahead{next + from * kLineFloats, to - from};
-      };
-      products.dprobs(j0, cols, tile, dst, ahead(0, 1));
+      const int64_t parts = 1 + (h.want_dkdv ? 2 : 0) + (h.want_dq ? 1 : 0);
+      const Ahead ahead{next, next_lines};
+      products.dprobs(j0, cols, tile, dst, part(ahead, 0, 1, parts));
       if (drop) h.dropout.fill(h.dropout.ctx, i0, rows, j0, cols, factors, br);
       for (int64_t v = 0; v < nv; ++v) {
         const Vec lse2 = Vec::load(h.lse2 + i0 + v * W), delta = Vec::load(h.delta + i0 + v * W);
@@ -731,8 +721,8 @@ void backward_head_with(const FlashBackwardHead& h, const Products& products) {
           ((p * scale) * (dp - delta)).store(dst + j * br + v * W);  // dS_T · scale
         }
       }
-      if (h.want_dkdv) products.key_gradients(cols, i0, rows, pdrop, dst, dk_acc, dv_acc, ahead(1, 2));
-      if (h.want_dq) products.query_gradient(j0, cols, i0, rows, dst, ahead(parts - 1, 1));
+      if (h.want_dkdv) products.key_gradients(cols, i0, rows, pdrop, dst, dk_acc, dv_acc, part(ahead, 1, 3, parts));
+      if (h.want_dq) products.query_gradient(j0, cols, i0, rows, dst, part(ahead, parts - 1, parts, parts));
     }
     if (!h.want_dkdv) continue;
     for (int64_t j = 0; j < cols; ++j) {
