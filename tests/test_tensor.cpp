@@ -35,13 +35,14 @@ TEST(Tensor, AllocationIs64ByteAligned) {
   }
 }
 
-// Blocks for 4 MiB and up start on a 2 MiB boundary, where their pages can
-// be huge (cpu/allocator.h); not under AddressSanitizer, which owns malloc.
+// Blocks with huge pages start on a 2 MiB boundary (cpu/allocator.h); not
+// under AddressSanitizer, which owns malloc.
 TEST(Tensor, LargeAllocationsStartOnHugePageBoundaries) {
 #if !defined(__SANITIZE_ADDRESS__)
-  for (int64_t floats : {(int64_t(3) << 20) / 4, int64_t(1) << 20, (int64_t(5) << 20) / 4 + 3, int64_t(9) << 20}) {
+  for (int64_t floats : {(int64_t(3) << 20) / 4, int64_t(1) << 20, (int64_t(5) << 20) / 4 + 3, int64_t(9) << 20,
+                         int64_t(300) << 10, int64_t(2) * 4 * 2040 * 64}) {
     Tensor t = Tensor::empty({floats}, DType::float32);
-    const bool huge = floats * 4 >= (int64_t(4) << 20);
+    const bool huge = cpu::huge_page_extent(size_t(floats) * 4) > 0;
     if (huge) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % (uintptr_t(2) << 20), 0u) << floats;
     }
@@ -50,6 +51,28 @@ TEST(Tensor, LargeAllocationsStartOnHugePageBoundaries) {
     EXPECT_EQ(t.item({floats - 1}), 1.5);
   }
 #endif
+}
+
+// The whole 2 MiB pages of a request, and the last one where the request
+// fills 15/16 of it: long's (2, 4, 2040, 64) floats, 16 KiB short of 4 MiB,
+// take two; mid's (16 · 131, 256), 48 KiB over 2 MiB, one.
+TEST(Tensor, HugePageExtentRoundsUpOnlyANearlyFullPage) {
+  constexpr size_t MiB = size_t(1) << 20;
+  EXPECT_EQ(cpu::huge_page_extent(0), 0u);
+  EXPECT_EQ(cpu::huge_page_extent(MiB), 0u);
+  EXPECT_EQ(cpu::huge_page_extent(2 * MiB - MiB / 8 - 1), 0u);
+  EXPECT_EQ(cpu::huge_page_extent(2 * MiB - MiB / 8), 2 * MiB);
+  EXPECT_EQ(cpu::huge_page_extent(2 * MiB), 2 * MiB);
+  EXPECT_EQ(cpu::huge_page_extent(size_t(16) * 131 * 256 * 4), 2 * MiB);
+  EXPECT_EQ(cpu::huge_page_extent(3 * MiB), 2 * MiB);
+  EXPECT_EQ(cpu::huge_page_extent(size_t(2) * 4 * 2040 * 64 * 4), 4 * MiB);
+  EXPECT_EQ(cpu::huge_page_extent(4 * MiB + 1), 4 * MiB);
+  for (size_t used = 1; used < 64 * MiB; used = used * 3 / 2 + 7) {
+    const size_t extent = cpu::huge_page_extent(used);
+    EXPECT_EQ(extent % (2 * MiB), 0u) << used;
+    EXPECT_LE(extent, used + MiB / 8) << used;   // at most 128 KiB past the request
+    EXPECT_GT(extent + 2 * MiB, used) << used;  // every whole page inside it
+  }
 }
 
 TEST(Tensor, MemoryCountersFollowStorage) {

@@ -59,20 +59,33 @@ Cache& cache() {
 
 constexpr size_t kHuge = size_t(2) << 20;
 
-// `bytes` 64-byte aligned; a block for a request of `used` bytes from 4 MiB
-// up starts on a 2 MiB boundary, and the whole 2 MiB pages inside `used` are
-// asked to be huge pages (transparent huge pages in "madvise" mode, Debian's
-// default): a layer's strided reads of a 4-16 MiB activation (packing a
-// product's operand down its columns, the heads of (N, L, H·E)) took a TLB
-// entry per 4 KiB row; long training 12.2-12.8k -> 12.9-13.0k tokens/s, mid
-// 9.23-9.31k -> 9.42-9.56k (alternating runs). Only pages wholly inside `used`:
-// a huge page is resident whole once touched, and rounding up (or the size
-// class's tail) made 28 MiB more resident at mid (PyTorch with mha's layers,
-// 358 -> 386 MiB, past PyTorch's own 361-371).
+// `bytes` 64-byte aligned; the start of a block for `used` bytes asked to be
+// transparent huge pages ("madvise" mode, Debian's default) over
+// huge_page_extent(used): a layer's strided reads of a 4-16 MiB activation
+// (packing a product's operand down its columns, the heads of (N, L, H·E))
+// took a TLB entry per 4 KiB row; long training 12.2-12.8k -> 12.9-13.0k
+// tokens/s, mid 9.23-9.31k -> 9.42-9.56k (alternating runs, blocks from 4
+// MiB up). Only the pages inside `used`, or nearly: a huge page is resident
+// whole once touched, and rounding up (or the size class's tail) made 28 MiB
+// more resident at mid (PyTorch with mha's layers, 358 -> 386 MiB, past
+// PyTorch's own 361-371).
+//
+// From 2 MiB up (one page less 1/16), not 4 MiB: long's K and V copies and
+// attention output, (2, 4, 2040, 64) floats, are 16 KiB short of 4 MiB. The
+// attention forward at (8, L, 64) causal, one thread, alternating in one
+// process: 35k cycles a tile pair at L = 2048 (4 MiB tensors, huge pages),
+// 40-51k at L = 2039 and 1984 on 4 KiB pages, 36-37k with huge pages. Long
+// training, alternating with blocks from 4 MiB up: AVX-512 12.35-12.86k ->
+// 12.86-13.49k tokens/s (eight rounds, +2.1 to +5.3%), AVX2 code 8.28-8.68k
+// -> 8.55-9.28k (three, +3 to +7%); peak 500.7 -> 502.0 MiB; mid, small and
+// wide inside the noise.
+//
+// Every block that might serve a request with huge pages (a cached block
+// serves any of its size class) starts on a 2 MiB boundary.
 void* aligned(size_t bytes, size_t used) {
-  if (kCaching && used >= 2 * kHuge) {
+  if (kCaching && huge_page_extent(bytes) > 0) {
     if (void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge)) {
-      madvise(p, used / kHuge * kHuge, MADV_HUGEPAGE);
+      if (const size_t extent = huge_page_extent(used)) madvise(p, extent, MADV_HUGEPAGE);
       return p;
     }
   }
@@ -120,6 +133,11 @@ void evict_for(Cache& c, size_t bytes, size_t cap) {
 size_t host_bytes_in_use() { return in_use.load(std::memory_order_relaxed); }
 size_t host_bytes_peak() { return peak.load(std::memory_order_relaxed); }
 void reset_host_bytes_peak() { peak.store(in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
+size_t huge_page_extent(size_t used) {
+  const size_t whole = used / kHuge * kHuge;
+  return used - whole >= kHuge - kHuge / 16 ? whole + kHuge : whole;
+}
 
 void* host_allocate(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;

@@ -10,8 +10,8 @@
 // what the process holds (in use, idle and the new block) is at most a quarter
 // over the most ever in use: idle blocks of sizes no longer asked for do not
 // stay beside fresh ones.
-// Blocks for 4 MiB and up start on 2 MiB boundaries, their whole 2 MiB pages
-// within the request asked to be transparent huge pages (allocator.cpp).
+// Blocks with a huge_page_extent start on 2 MiB boundaries, that much of
+// them asked to be transparent huge pages (allocator.cpp).
 // Off under AddressSanitizer, so that use-after-free is caught.
 #pragma once
 
@@ -20,6 +20,11 @@
 namespace mha::cpu {
 
 void* host_allocate(size_t bytes);
+
+// The bytes from a block's start asked to be huge pages for a request of
+// `used` bytes: its whole 2 MiB pages, and the last, partial one too where
+// `used` fills 15/16 of it; 0 below that (no huge pages, 64-byte alignment).
+size_t huge_page_extent(size_t used);
 void host_free(void* ptr);
 
 // Bytes of the blocks handed out and not yet freed (cached idle blocks do not
