@@ -45,7 +45,11 @@ struct Idle {
 
 struct Cache {
   std::mutex mutex;
-  std::unordered_map<void*, size_t> size_of;  // every large block alive or cached
+  struct Block {
+    size_t size;  // its size class
+    size_t huge;  // bytes from its start asked to be huge pages
+  };
+  std::unordered_map<void*, Block> size_of;  // every large block alive or cached
   std::multimap<size_t, Idle> idle;           // cached blocks by size
   size_t idle_bytes = 0;
   uint64_t frees = 0;
@@ -152,6 +156,19 @@ void* host_allocate(size_t bytes) {
       void* p = it->second.ptr;
       c.idle.erase(it);
       c.idle_bytes -= rounded;
+      // A block first made for a smaller request of its class (a batch's
+      // lengths vary): its pages up to this request's extent asked to be
+      // huge too, where it starts on a 2 MiB boundary (pages already touched
+      // as 4 KiB ones stay so). Attention at (8, L, 64), L = 2048 then 2112
+      // in one process (the kept scores' block passing from one to the
+      // other): 2112's forward 44k -> 34k cycles a tile pair. Long training
+      // +3% (median of six paired rounds, 0.97-1.06), mid even (0.98-1.04).
+      const auto block = c.size_of.find(p);
+      const size_t extent = huge_page_extent(bytes);
+      if (block != c.size_of.end() && extent > block->second.huge && reinterpret_cast<uintptr_t>(p) % kHuge == 0) {
+        madvise(p, extent, MADV_HUGEPAGE);
+        block->second.huge = extent;
+      }
       return handed_out(p);
     }
     // A miss: a fresh block's pages are new to the process. Idle blocks
@@ -168,7 +185,7 @@ void* host_allocate(size_t bytes) {
   void* p = aligned(rounded, bytes);
   std::lock_guard<std::mutex> lock(c.mutex);
   try {
-    c.size_of[p] = rounded;
+    c.size_of[p] = {rounded, reinterpret_cast<uintptr_t>(p) % kHuge == 0 ? huge_page_extent(bytes) : 0};
   } catch (...) {  // the map's node refused: the block is not lost
     std::free(p);
     throw;
@@ -184,7 +201,7 @@ void host_free(void* ptr) {
     std::unique_lock<std::mutex> lock(c.mutex);
     auto it = c.size_of.find(ptr);
     if (it != c.size_of.end()) {
-      const size_t n = it->second;
+      const size_t n = it->second.size;
       const size_t cap = std::max(kMinCap, high_water.load(std::memory_order_relaxed));
       if (n <= cap) {
         try {
