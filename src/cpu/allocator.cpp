@@ -63,16 +63,31 @@ Cache& cache() {
 
 constexpr size_t kHuge = size_t(2) << 20;
 
-// `bytes` 64-byte aligned; the start of a block for `used` bytes asked to be
-// transparent huge pages ("madvise" mode, Debian's default) over
-// huge_page_extent(used): a layer's strided reads of a 4-16 MiB activation
-// (packing a product's operand down its columns, the heads of (N, L, H·E))
-// took a TLB entry per 4 KiB row; long training 12.2-12.8k -> 12.9-13.0k
-// tokens/s, mid 9.23-9.31k -> 9.42-9.56k (alternating runs, blocks from 4
-// MiB up). Only the pages inside `used`, or nearly: a huge page is resident
-// whole once touched, and rounding up (or the size class's tail) made 28 MiB
-// more resident at mid (PyTorch with mha's layers, 358 -> 386 MiB, past
-// PyTorch's own 361-371).
+// `bytes` 64-byte aligned; on a 2 MiB boundary where a block of that size
+// could hold huge pages (a cached block serves any request of its size
+// class), so that ask_huge can give them to whichever request it serves.
+void* aligned(size_t bytes) {
+  if (kCaching && huge_page_extent(bytes) > 0)
+    if (void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge)) return p;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p)
+    throw MemoryError("[mha::cpu::host_allocate] bytes: expected an allocation the system grants; got a refusal of " +
+                      std::to_string(bytes) + " bytes");
+  return p;
+}
+
+// Transparent huge pages ("madvise" mode, Debian's default) over
+// huge_page_extent(used) of a cached block on a 2 MiB boundary, where the
+// block has fewer: its first request's when it is made, and a larger one's
+// when a block made for a smaller request of its class serves it (a batch's
+// lengths vary; pages already touched as 4 KiB ones stay so). A layer's
+// strided reads of a 4-16 MiB activation (packing a product's operand down
+// its columns, the heads of (N, L, H·E)) took a TLB entry per 4 KiB row;
+// long training 12.2-12.8k -> 12.9-13.0k tokens/s, mid 9.23-9.31k ->
+// 9.42-9.56k (alternating runs, blocks from 4 MiB up). Only the pages inside
+// `used`, or nearly: a huge page is resident whole once touched, and rounding
+// up (or the size class's tail) made 28 MiB more resident at mid (PyTorch
+// with mha's layers, 358 -> 386 MiB, past PyTorch's own 361-371).
 //
 // From 2 MiB up (one page less 1/16), not 4 MiB: long's K and V copies and
 // attention output, (2, 4, 2040, 64) floats, are 16 KiB short of 4 MiB. The
@@ -82,22 +97,15 @@ constexpr size_t kHuge = size_t(2) << 20;
 // training, alternating with blocks from 4 MiB up: AVX-512 12.35-12.86k ->
 // 12.86-13.49k tokens/s (eight rounds, +2.1 to +5.3%), AVX2 code 8.28-8.68k
 // -> 8.55-9.28k (three, +3 to +7%); peak 500.7 -> 502.0 MiB; mid, small and
-// wide inside the noise.
-//
-// Every block that might serve a request with huge pages (a cached block
-// serves any of its size class) starts on a 2 MiB boundary.
-void* aligned(size_t bytes, size_t used) {
-  if (kCaching && huge_page_extent(bytes) > 0) {
-    if (void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge)) {
-      if (const size_t extent = huge_page_extent(used)) madvise(p, extent, MADV_HUGEPAGE);
-      return p;
-    }
-  }
-  void* p = std::aligned_alloc(64, bytes);
-  if (!p)
-    throw MemoryError("[mha::cpu::host_allocate] bytes: expected an allocation the system grants; got a refusal of " +
-                      std::to_string(bytes) + " bytes");
-  return p;
+// wide inside the noise. Widening a reused block's pages: attention at L =
+// 2048 then 2112 in one process (the kept scores' block passing from one to
+// the other), 2112's forward 44k -> 34k cycles a tile pair; long training +3%
+// (median of six paired rounds, 0.97-1.06), mid even (0.98-1.04).
+void ask_huge(void* p, Cache::Block& block, size_t used) {
+  const size_t extent = huge_page_extent(used);
+  if (extent <= block.huge || reinterpret_cast<uintptr_t>(p) % kHuge != 0) return;
+  madvise(p, extent, MADV_HUGEPAGE);
+  block.huge = extent;
 }
 
 // peak resets (reset_host_bytes_peak); high_water, the cache's cap, never does.
@@ -146,7 +154,7 @@ size_t huge_page_extent(size_t used) {
 void* host_allocate(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
-  if (!kCaching || rounded < kLarge) return handed_out(aligned(rounded, bytes));
+  if (!kCaching || rounded < kLarge) return handed_out(aligned(rounded));
   rounded = size_class(rounded);
   Cache& c = cache();
   {
@@ -156,19 +164,7 @@ void* host_allocate(size_t bytes) {
       void* p = it->second.ptr;
       c.idle.erase(it);
       c.idle_bytes -= rounded;
-      // A block first made for a smaller request of its class (a batch's
-      // lengths vary): its pages up to this request's extent asked to be
-      // huge too, where it starts on a 2 MiB boundary (pages already touched
-      // as 4 KiB ones stay so). Attention at (8, L, 64), L = 2048 then 2112
-      // in one process (the kept scores' block passing from one to the
-      // other): 2112's forward 44k -> 34k cycles a tile pair. Long training
-      // +3% (median of six paired rounds, 0.97-1.06), mid even (0.98-1.04).
-      const auto block = c.size_of.find(p);
-      const size_t extent = huge_page_extent(bytes);
-      if (block != c.size_of.end() && extent > block->second.huge && reinterpret_cast<uintptr_t>(p) % kHuge == 0) {
-        madvise(p, extent, MADV_HUGEPAGE);
-        block->second.huge = extent;
-      }
+      ask_huge(p, c.size_of.at(p), bytes);  // every idle block is in size_of
       return handed_out(p);
     }
     // A miss: a fresh block's pages are new to the process. Idle blocks
@@ -182,10 +178,10 @@ void* host_allocate(size_t bytes) {
     const size_t hw = std::max(high_water.load(std::memory_order_relaxed), used);
     evict_for(c, used, hw + hw / 4);
   }
-  void* p = aligned(rounded, bytes);
+  void* p = aligned(rounded);
   std::lock_guard<std::mutex> lock(c.mutex);
   try {
-    c.size_of[p] = {rounded, reinterpret_cast<uintptr_t>(p) % kHuge == 0 ? huge_page_extent(bytes) : 0};
+    ask_huge(p, c.size_of[p] = {rounded, 0}, bytes);
   } catch (...) {  // the map's node refused: the block is not lost
     std::free(p);
     throw;

@@ -20,12 +20,12 @@
 namespace mha::cpu {
 
 void* host_allocate(size_t bytes);
+void host_free(void* ptr);
 
 // The bytes from a block's start asked to be huge pages for a request of
 // `used` bytes: its whole 2 MiB pages, and the last, partial one too where
 // `used` fills 15/16 of it; 0 below that (no huge pages, 64-byte alignment).
 size_t huge_page_extent(size_t used);
-void host_free(void* ptr);
 
 // Bytes of the blocks handed out and not yet freed (cached idle blocks do not
 // count): what the tensors alive hold, for memory measurements. The peak is
