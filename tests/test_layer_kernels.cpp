@@ -340,12 +340,13 @@ TEST_P(LayerKernels, WeightGradientAsItsTransposeMatchesReference) {
 // split over OpenMP's threads (gemm.cpp), on mha's kernel whole. Extents
 // that 16 does not divide, both splits, both transposes, from a parallel
 // region too; the OpenMP thread count the caller had is left as it was
-// (OpenBLAS sets it when told its own).
+// (OpenBLAS sets it when told its own). Products of at most 16 rows against
+// a transposed B (decoding's, mha's kernel under every backend) and 17.
 TEST(Gemm, SplitOverThreadsMatchesReference) {
   const int before = omp_get_max_threads();
   for (const cpu::GemmBackend backend : {cpu::GemmBackend::openblas, cpu::GemmBackend::mha, cpu::GemmBackend::mixed})
   for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 129}, {67, 1001, 129}, {129, 130, 131},
-                             {2, 40000, 5}})
+                             {2, 40000, 5}, {16, 301, 70}, {17, 301, 70}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (bool nested : {false, true})

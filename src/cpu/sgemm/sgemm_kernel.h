@@ -193,9 +193,7 @@ inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t wi
 // products along k: each W row is read once, from memory, for every row of
 // A (in L1), with no packing (which costs as much as the product when A has
 // a handful of rows). Blocks of 4 rows × 4 columns: 16 accumulators, 8 loads
-// per 16 FMAs.
-constexpr int64_t kSkinnyRows = 16;
-
+// per 16 FMAs. For products of at most kSkinnyRows rows (sgemm.h).
 inline void skinny_block(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t k, int64_t rows,
                          int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   Vec acc[4][4];
