@@ -19,6 +19,8 @@ namespace mha::cpu {
 // OpenBLAS's kernels and the active ones are AVX-512, else OpenBLAS (gemm.cpp
 // has the measurements); MHA_GEMM=mha|openblas|mixed in the environment
 // decides instead. Chosen once per process, so every run computes the same sums.
+// Under every backend, a product of at most kSkinnyRows rows against a
+// transposed B (decoding) is mha's on AVX-512 and AVX2 (cpu/sgemm/sgemm.h).
 enum class GemmBackend { openblas, mha, mixed };
 GemmBackend sgemm_backend();
 std::string to_string(GemmBackend backend);
