@@ -310,6 +310,8 @@ TEST_P(EachIsa, FewQueriesByRows) {
         {"GQA 6/2", {2, 6, L, 16}, {2, 2, 50, 16}, {2, 2, 50, 33}, {.causal = Causal::bottom_right}},
         {"E 1, Ev 64", {1, 2, L, 1}, {1, 2, 70, 1}, {1, 2, 70, 64}, {}},
         {"E 130", {1, 2, L, 130}, {1, 2, 20, 130}, {1, 2, 20, 3}, {}},
+        // The output by 8, 4, 2 and 1 whole vectors and a partial one (AVX2; AVX-512: 4, 2, 1 and one).
+        {"Ev 127", {1, 2, L, 16}, {1, 2, 30, 16}, {1, 2, 30, 127}, {.causal = Causal::bottom_right}},
         {"one key", {1, 2, L, 8}, {1, 2, 1, 8}, {1, 2, 1, 8}, {}},
         // Bands that leave rows no key, lying past the keys' start (the differential sweep's case 5582).
         {"window (-1, 0), S 1", {1, 3, L, 23}, {1, 3, 1, 23}, {1, 3, 1, 27}, {.window_right = 0}},

@@ -456,22 +456,63 @@ inline Vec row_part(const uint16_t* row, int64_t e0, int64_t n) {
 }
 
 // s[j] (j in [lo, hi)) = x · row j of m (rows m_row apart, n entries each,
-// float32 or bfloat16; x zero padded to whole vectors), four rows at a time.
+// float32 or bfloat16; x zero padded to whole vectors), four rows at a time,
+// their sums reduced together. A last group of fewer than four repeats its
+// last row: every s[j] comes out of the same sums whichever group it falls
+// in, so the backward by rows, whose key ranges start elsewhere, recovers
+// the forward's P exactly.
 template <class T>
 inline void row_dots(const float* x, const T* m, int64_t m_row, int64_t n, int64_t lo, int64_t hi, float* s) {
-  int64_t j = lo;
-  for (; j + 4 <= hi; j += 4) {
+  for (int64_t j = lo; j < hi; j += 4) {
+    const T* rows[4];
+    for (int u = 0; u < 4; ++u) rows[u] = m + min64(j + u, hi - 1) * m_row;
     Vec acc[4] = {Vec::zero(), Vec::zero(), Vec::zero(), Vec::zero()};
     for (int64_t e0 = 0; e0 < n; e0 += W) {
       const Vec xv = Vec::load(x + e0);
-      for (int u = 0; u < 4; ++u) acc[u] = fma(xv, row_part(m + (j + u) * m_row, e0, n), acc[u]);
+      for (int u = 0; u < 4; ++u) acc[u] = fma(xv, row_part(rows[u], e0, n), acc[u]);
     }
-    for (int u = 0; u < 4; ++u) s[j + u] = reduce_add(acc[u]);
+    float sums[4];
+    reduce_add4(acc, sums);
+    for (int64_t u = 0; u < min64(4, hi - j); ++u) s[j + u] = sums[u];
   }
+}
+
+inline Vec row_vec(const float* p) { return Vec::load(p); }
+inline Vec row_vec(const uint16_t* p) { return Vec::load_bf16(p); }
+
+// o[e0 …] = scale · Σ_j p[j] · row j of `values` (rows v_row apart), V
+// vectors of it; with `partial`, one vector of `lanes` lanes. Keys alternate
+// between two sets of accumulators where V ≤ 4, so that at least eight FMA
+// chains hide the FMA's latency; all in registers (a loop over a run-time
+// count of vectors kept them on the stack: a load and a store around every
+// FMA).
+template <int V, bool partial, class T>
+inline void weighted_rows(const float* p, const T* values, int64_t v_row, int64_t lo, int64_t hi, int64_t e0,
+                          int lanes, Vec scale, float* o) {
+  static_assert(V == 1 || !partial);
+  constexpr int kSets = V <= 4 ? 2 : 1;
+  const auto part = [&](const T* row, int u) {
+    if constexpr (partial) return row_part(row, e0, e0 + lanes);
+    else return row_vec(row + e0 + u * W);
+  };
+  Vec acc[kSets][V];
+  for (int t = 0; t < kSets; ++t)
+    for (int u = 0; u < V; ++u) acc[t][u] = Vec::zero();
+  int64_t j = lo;
+  for (; j + kSets <= hi; j += kSets)
+    for (int t = 0; t < kSets; ++t) {
+      const Vec pj = Vec::set1(p[j + t]);
+      const T* row = values + (j + t) * v_row;
+      for (int u = 0; u < V; ++u) acc[t][u] = fma(pj, part(row, u), acc[t][u]);
+    }
   for (; j < hi; ++j) {
-    Vec acc = Vec::zero();
-    for (int64_t e0 = 0; e0 < n; e0 += W) acc = fma(Vec::load(x + e0), row_part(m + j * m_row, e0, n), acc);
-    s[j] = reduce_add(acc);
+    const Vec pj = Vec::set1(p[j]);
+    for (int u = 0; u < V; ++u) acc[0][u] = fma(pj, part(values + j * v_row, u), acc[0][u]);
+  }
+  for (int u = 0; u < V; ++u) {
+    const Vec x = (kSets == 2 ? acc[0][u] + acc[kSets - 1][u] : acc[0][u]) * scale;
+    if constexpr (partial) x.store_partial(o + e0, lanes);
+    else x.store(o + e0 + u * W);
   }
 }
 
@@ -510,12 +551,17 @@ inline void decode_rows_of(const FlashDecodeRows& d, const T* keys, const T* val
     row_dots(qs, keys, d.k_row, d.E, lo, hi, s);
     const float multiplier = row_logits(s, lo, hi, d.logit_scale, d.mask ? d.mask + i * d.mask_row : nullptr, d.mask_col);
     int64_t j;
-    // The max across the band (a raw max when the multiplier is c > 0), then p and l.
+    for (j = hi; j < hi + W; ++j) s[j] = -__builtin_inff();  // whole vectors past the band: p = 0
+    // The max across the band (a raw max when the multiplier is c > 0), a
+    // lane each, NaN passed over (max keeps its second operand), then p and l.
+    Vec lane_max = Vec::set1(-__builtin_inff());
+    for (j = lo; j < hi; j += W) lane_max = max(Vec::load(s + j), lane_max);
+    float lanes[W];
+    lane_max.store(lanes);
     float raw_max = -__builtin_inff();
-    for (j = lo; j < hi; ++j) raw_max = s[j] > raw_max ? s[j] : raw_max;
+    for (int u = 0; u < W; ++u) raw_max = lanes[u] > raw_max ? lanes[u] : raw_max;
     const float m = raw_max * multiplier > -3.402823466e38f ? raw_max * multiplier : -3.402823466e38f;
     const Vec c = Vec::set1(multiplier), neg_m = Vec::set1(-m);
-    for (j = hi; j < hi + W; ++j) s[j] = -__builtin_inff();  // whole vectors past the band: p = 0
     Vec sum = Vec::zero();
     for (j = lo; j < hi; j += W) {
       const Vec p = exp2(fma(Vec::load(s + j), c, neg_m));
@@ -525,22 +571,15 @@ inline void decode_rows_of(const FlashDecodeRows& d, const T* keys, const T* val
     const float l = reduce_add(sum);  // NaN where a score was (a NaN row)
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     float* o = d.out + i * d.out_row;
-    for (int64_t e0 = 0; e0 < d.Ev; e0 += 8 * W) {  // eight vectors of the output at a time
-      Vec acc[8];
-      const int64_t vectors = min64(8, (d.Ev - e0 + W - 1) / W);
-      for (int64_t u = 0; u < vectors; ++u) acc[u] = Vec::zero();
-      for (j = lo; j < hi; ++j) {
-        const Vec pj = Vec::set1(s[j]);
-        const T* row = values + j * d.v_row;
-        for (int64_t u = 0; u < vectors; ++u) acc[u] = fma(pj, row_part(row, e0 + u * W, d.Ev), acc[u]);
-      }
-      for (int64_t u = 0; u < vectors; ++u) {
-        const int64_t at = e0 + u * W;
-        const Vec x = acc[u] * Vec::set1(inv);
-        if (at + W <= d.Ev) x.store(o + at);
-        else x.store_partial(o + at, int(d.Ev - at));
-      }
-    }
+    // The output by 8, 4, 2 and 1 whole vectors, then a partial one.
+    const Vec scale = Vec::set1(inv);
+    const int64_t v_row = d.v_row, Ev = d.Ev;
+    int64_t e0 = 0;
+    for (; e0 + 8 * W <= Ev; e0 += 8 * W) weighted_rows<8, false>(s, values, v_row, lo, hi, e0, W, scale, o);
+    if (e0 + 4 * W <= Ev) weighted_rows<4, false>(s, values, v_row, lo, hi, e0, W, scale, o), e0 += 4 * W;
+    if (e0 + 2 * W <= Ev) weighted_rows<2, false>(s, values, v_row, lo, hi, e0, W, scale, o), e0 += 2 * W;
+    if (e0 + W <= Ev) weighted_rows<1, false>(s, values, v_row, lo, hi, e0, W, scale, o), e0 += W;
+    if (e0 < Ev) weighted_rows<1, true>(s, values, v_row, lo, hi, e0, int(Ev - e0), scale, o);
     bool any_key = true;
     if (l == 0.0f && d.mask) {
       any_key = false;

@@ -16,6 +16,8 @@
 //                           into one fma otherwise: one rounding, not two)
 //   select_gt(a, b, x, y)   a > b ? x : y, lane by lane (false for NaN)
 //   reduce_add(a)           the sum of the lanes, in a fixed order
+//   reduce_add4(acc, out)   out[u] = the sum of acc[u]'s lanes, u < 4, each in one
+//                           fixed order, the same for every u (not always reduce_add's)
 //   exp2(x)                 2^x, relative error < 1.2e-7; exactly 0 for x < -126 (and -inf), never a
 //                           subnormal; NaN for NaN
 //
@@ -84,6 +86,9 @@ struct Vec {
     return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), y.v, x.v)};
   }
   friend float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
+  friend void reduce_add4(const Vec (&acc)[4], float* out) {
+    for (int u = 0; u < 4; ++u) out[u] = reduce_add(acc[u]);
+  }
   friend Vec exp2(Vec x) {
     // Results below 2^-126 are 0, not subnormal: a subnormal or underflowing
     // result costs a microcode assist of ~150 cycles (FTZ is off), and every
@@ -143,6 +148,13 @@ struct Vec {
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+  }
+  // Each sum ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)): three hadds
+  // and one add for the four, where four reduce_adds take six operations each.
+  friend void reduce_add4(const Vec (&acc)[4], float* out) {
+    const __m256 ab = _mm256_hadd_ps(acc[0].v, acc[1].v), cd = _mm256_hadd_ps(acc[2].v, acc[3].v);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);  // halves: the four sums of lanes 0-3, of lanes 4-7
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
   }
   friend Vec exp2(Vec x) {
     // x second in the clamps: a NaN passes through (and, as NaN · 2^n, comes out NaN).
@@ -248,6 +260,9 @@ struct Vec {
     for (int w = W / 2; w > 0; w /= 2)
       for (int i = 0; i < w; ++i) a.v[i] += a.v[i + w];
     return a.v[0];
+  }
+  friend void reduce_add4(const Vec (&acc)[4], float* out) {
+    for (int u = 0; u < 4; ++u) out[u] = reduce_add(acc[u]);
   }
   static float exp2_scalar(float x) {
     if (x != x) return x;  // NaN (converting it to an integer below is undefined)
