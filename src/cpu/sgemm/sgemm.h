@@ -1,6 +1,6 @@
 // mha's own float32 matrix product, C = alpha·op(A)·op(B) + beta·C (+ bias,
 // n floats added to every row, when not null) (row-major),
-// on the fused attention kernels' register micro-tiles (cpu/flash/kernel.h),
+// on the fused attention kernels' register micro-tiles (cpu/flash/micro_tile.h),
 // built for AVX-512 and AVX2+FMA. cpu::gemm<float> (gemm.cpp) chooses it or
 // OpenBLAS by the rule in gemm.cpp.
 #pragma once

@@ -41,7 +41,7 @@
 #include <memory>
 #include <new>
 
-#include "cpu/flash/kernel.h"
+#include "cpu/flash/micro_tile.h"
 #include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
 
