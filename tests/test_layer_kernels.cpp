@@ -258,7 +258,10 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 17, 3}, {16, 70, 129}, {17, 9, 40}, {33, 129, 65},
                          {70, 31, 777}, {2, 300, 0},
                          {400, 45, 520},   // K blocks of 256, 256, 8 over row tiles of 108 (wider than 96)
-                         {21, 35, 1300}})  // a transposed A's K blocks: 1024 + 276 (AMD's AVX-512) or 512 + 512 + 276
+                         {21, 35, 1300},  // a transposed A's K blocks: 1024 + 276 (AMD's AVX-512) or 512 + 512 + 276
+                         // whole panels, narrow strides: a transposed A read in place (reads_in_place), with a
+                         // last group of 1 (37 rows) or 10 and 4 rows (130: 12- and 6-row groups), and none
+                         {37, 64, 1300}, {130, 96, 300}, {24, 32, 7}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}})

@@ -139,12 +139,15 @@ inline void pack_rows(const float* A, int64_t ar, int64_t ak, int64_t rows, int6
 }
 
 // C (kGemmRows × kPanel, row stride ldc) (+)= A · P over `depth`: A
-// kGemmRows packed rows (pack_rows: row stride kDepth, or one k-major panel
-// with kRowMajor false), P a packed panel of B. Both are read at fixed
-// offsets from one pointer each, so the loop holds no per-row addresses
-// (twelve of them did not fit beside the counters in 16 general registers).
+// kGemmRows packed rows (pack_rows: row stride kDepth), or with kRowMajor
+// false a k-major group, its k-th kGemmRows elements at A + k·a_step (a
+// packed panel: a_step = kGemmRows); P a panel of B, its k-th kPanel floats
+// at P + k·p_step (packed: kPanel). Both are read at fixed offsets from one
+// pointer each, so the loop holds no per-row addresses (twelve of them did
+// not fit beside the counters in 16 general registers).
 template <bool ACC, bool kRowMajor>
-inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, int64_t depth, const float* init) {
+inline void micro_packed(const float* A, int64_t a_step, const float* P, int64_t p_step, float* C, int64_t ldc,
+                         int64_t depth, const float* init) {
   Vec acc[kGemmRows][kNV];
   for (int v = 0; v < kNV; ++v) {
     const Vec start = init ? Vec::load(init + v * W) : Vec::zero();
@@ -153,11 +156,11 @@ inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, 
   if (ACC)
     for (int r = 0; r < kGemmRows; ++r)
       for (int v = 0; v < kNV; ++v) __builtin_prefetch(C + r * ldc + v * W, 1, 3);
-  for (int64_t k = 0; k < depth; ++k, P += kPanel) {
+  for (int64_t k = 0; k < depth; ++k, P += p_step) {
     Vec b[kNV];
     for (int v = 0; v < kNV; ++v) b[v] = Vec::load(P + v * W);
     for (int r = 0; r < kGemmRows; ++r) {
-      const Vec a = Vec::set1(kRowMajor ? A[r * kDepth + k] : A[k * kGemmRows + r]);
+      const Vec a = Vec::set1(kRowMajor ? A[r * kDepth + k] : A[k * a_step + r]);
       for (int v = 0; v < kNV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
     }
   }
@@ -171,12 +174,15 @@ inline void micro_packed(const float* A, const float* P, float* C, int64_t ldc, 
 // full panel goes straight to C (no scratch, no second pass); the edges pass
 // through a tile on the stack.
 inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t width, int64_t depth,
-                       const float* a, const float* P, float* C, int64_t ldc, const float* init) {
+                       const float* a, int64_t a_step, const float* P, int64_t p_step, float* C, int64_t ldc,
+                       const float* init) {
   auto run = [&](bool acc, float* out, int64_t ld) {
     if (row_major)
-      acc ? micro_packed<true, true>(a, P, out, ld, depth, init) : micro_packed<false, true>(a, P, out, ld, depth, init);
+      acc ? micro_packed<true, true>(a, a_step, P, p_step, out, ld, depth, init)
+          : micro_packed<false, true>(a, a_step, P, p_step, out, ld, depth, init);
     else
-      acc ? micro_packed<true, false>(a, P, out, ld, depth, init) : micro_packed<false, false>(a, P, out, ld, depth, init);
+      acc ? micro_packed<true, false>(a, a_step, P, p_step, out, ld, depth, init)
+          : micro_packed<false, false>(a, a_step, P, p_step, out, ld, depth, init);
   };
   if (here == kGemmRows && width == kPanel) return run(accumulate, C, ldc);
   alignas(64) float edge[kGemmRows * kPanel];
@@ -237,6 +243,38 @@ inline void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const f
       skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc,
                    bias ? bias + j0 : nullptr);
   }
+}
+
+// Whether a product reads op(A) and op(B) where they lie instead of packing
+// them: a weight gradient (op(A) = Aᵀ, B as it is) is k-major in both
+// already, row k of A holding a group's kGemmRows elements side by side and
+// row k of B a panel's kPanel, so the micro-tile can step down A and B by
+// their row strides. What that saves is the packing, a pass that reads and
+// writes k·(m + n) floats for m·n·k FMAs: most where m and n are small.
+// What it costs is locality: a group's k rows of A span k lines instead of
+// k·kGemmRows floats, and every row of A or B steps to a new page once the
+// strides pass 1 KiB. Measured in bench_gemm (medians of 9, two threads,
+// Zen 5, two alternating runs), GFLOP/s packed → in place:
+//   AVX-512: 256 × 64 × 1376 274-294 → 367-377, 64 × 64 × 1376 250-270 →
+//     317-319, 256 × 256 × 2096 379-413 → 403-429, 256 × 256 × 4078
+//     339-343 → 368-376; 64 × 256 × 1376 even; but 1024 × 256 × 2096
+//     382-413 → 277, 256 × 1024 × 2096 363-392 → 294, 512 × 512 × 4072
+//     379-381 → 330-332 (strides of 2-4 KiB).
+//   AVX2 (6-row groups): 256 × 64, 64 × 256 and 64 × 64 × 1376 faster in
+//     each of five runs (111-177 → 178-227), 256 × 256 mixed (166-198 →
+//     152-190).
+// Training steps on AVX-512 (train_throughput, five rounds alternating the
+// libraries): small 313-342k → 340-376k tokens/s (medians 339k → 364k),
+// mid 15.8-17.9k → 16.1-17.6k (16.75k → 16.93k); long even.
+// Panels must be whole (n a multiple of kPanel): a last panel would read
+// past B's rows.
+inline bool reads_in_place(bool ta, bool tb, int64_t m, int64_t n, int64_t lda, int64_t ldb) {
+#if defined(MHA_SIMD_AVX512)
+  constexpr int64_t kMaxArea = 256 * 256;
+#else
+  constexpr int64_t kMaxArea = 256 * 64;
+#endif
+  return ta && !tb && n % kPanel == 0 && lda <= 256 && ldb <= 256 && m * n <= kMaxArea;
 }
 
 // op(B) (k × n) into `panels` panels of kPanel columns at `packed` (the
@@ -315,9 +353,11 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   // Panel p holds columns [p·kPanel, (p+1)·kPanel) of op(B): row kk at packed + (p·k + kk)·kPanel;
   // the bias, zero-padded to n_pad, after the panels: the accumulators of the
   // first K block start from it (no pass over C to put it there first).
-  float* packed =
-      static_cast<float*>(thread_scratch_bytes(ScratchSlot::sgemm_b, (k + 1) * n_pad * int64_t(sizeof(float))));
-  float* bias_pad = bias ? packed + k * n_pad : nullptr;
+  const bool direct = reads_in_place(ta, tb, m, n, lda, ldb);
+  const int64_t packed_floats = direct ? 0 : k * n_pad;
+  float* packed = static_cast<float*>(
+      thread_scratch_bytes(ScratchSlot::sgemm_b, (packed_floats + n_pad) * int64_t(sizeof(float))));
+  float* bias_pad = bias ? packed + packed_floats : nullptr;
   if (bias)
     for (int64_t j = 0; j < n_pad; ++j) bias_pad[j] = j < n ? bias[j] : 0.0f;
   const int64_t ar = ta ? 1 : lda, ak = ta ? lda : 1;
@@ -352,7 +392,7 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   // waited (1376 × 192 × 64 with a transposed B: 11% of the product's time).
 #pragma omp parallel if (threaded || k * n_pad > (int64_t(1) << 16))
   {
-    pack_b(tb, b, ldb, k, n, panels, packed);
+    if (!direct) pack_b(tb, b, ldb, k, n, panels, packed);
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t item = 0; item < row_tiles * col_tiles; ++item) {
       const int64_t r0 = item / col_tiles * tile_rows, c0 = item % col_tiles * tile_cols;
@@ -360,14 +400,28 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
       float* rows_packed = static_cast<float*>(own_slice(row_buffers));
       for (int64_t k0 = 0; k0 < k; k0 += block) {
         const int64_t depth = min64(block, k - k0);
+        if (direct) {  // A's groups and B's panels where they lie; a last group of fewer rows packed (zero padded)
+          const int64_t full = rows / kGemmRows * kGemmRows;
+          if (full < rows) pack_rows(a + (r0 + full) * ar + k0 * ak, ar, ak, rows - full, depth, rows_packed);
+          for (int64_t g = 0; g < rows; g += kGemmRows) {
+            const bool packed_group = g == full;
+            const float* group = packed_group ? rows_packed : a + (r0 + g) * ar + k0 * ak;
+            for (int64_t j = 0; j < cols; j += kPanel)
+              group_into(false, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), kPanel, depth, group,
+                         packed_group ? kGemmRows : ak, b + k0 * ldb + c0 + j, ldb, c + (r0 + g) * ldc + c0 + j, ldc,
+                         k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
+          }
+          continue;
+        }
         pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
         // One group of rows (kGemmRows × depth, 12 KiB) stays in L1 while the
         // tile's panels (kDepth × kPanel each, 32 KiB) come from L2 in turn.
         for (int64_t g = 0; g < rows; g += kGemmRows)
           for (int64_t j = 0; j < cols; j += kPanel)
             group_into(ak == 1, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), min64(kPanel, n - c0 - j), depth,
-                       rows_packed + g * (ak == 1 ? kDepth : depth), packed + ((c0 + j) / kPanel * k + k0) * kPanel,
-                       c + (r0 + g) * ldc + c0 + j, ldc, k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
+                       rows_packed + g * (ak == 1 ? kDepth : depth), kGemmRows,
+                       packed + ((c0 + j) / kPanel * k + k0) * kPanel, kPanel, c + (r0 + g) * ldc + c0 + j, ldc,
+                       k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
       }
     }
   }
