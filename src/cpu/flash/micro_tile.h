@@ -141,8 +141,8 @@ inline void gemm_columns(int64_t R, int64_t K, const float* A, int64_t ar, int64
 template <bool ACC>
 void gemm(int64_t R, int64_t N, int64_t K, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb,
           float* C, int64_t ldc, const Ahead& ahead = {}) {
-  int64_t c0 = 0;
 #if defined(MHA_SIMD_AVX512)
+  int64_t c0 = 0;
   for (; c0 + 4 * W <= N; c0 += 4 * W)
     gemm_columns<4, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, part(ahead, c0, c0 + 4 * W, N));
   for (; c0 + 2 * W <= N; c0 += 2 * W)
@@ -150,7 +150,8 @@ void gemm(int64_t R, int64_t N, int64_t K, const float* A, int64_t ar, int64_t a
   for (; c0 < N; c0 += W) gemm_columns<1, ACC>(R, K, A, ar, ak, B, ldb, C, ldc, c0, part(ahead, c0, c0 + W, N));
 #else
   over_row_tiles<kMR>(R, ahead, [&](int64_t r0, int64_t rows) {
-    for (c0 = 0; c0 + 2 * W <= N; c0 += 2 * W)
+    int64_t c0 = 0;
+    for (; c0 + 2 * W <= N; c0 += 2 * W)
       micro_rows<kMR, 2, ACC>(rows, A + r0 * ar, ar, ak, B + c0, ldb, C + r0 * ldc + c0, ldc, K);
     for (; c0 < N; c0 += W) micro_rows<kMR, 1, ACC>(rows, A + r0 * ar, ar, ak, B + c0, ldb, C + r0 * ldc + c0, ldc, K);
   });

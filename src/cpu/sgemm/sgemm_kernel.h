@@ -400,28 +400,24 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
       float* rows_packed = static_cast<float*>(own_slice(row_buffers));
       for (int64_t k0 = 0; k0 < k; k0 += block) {
         const int64_t depth = min64(block, k - k0);
-        if (direct) {  // A's groups and B's panels where they lie; a last group of fewer rows packed (zero padded)
-          const int64_t full = rows / kGemmRows * kGemmRows;
-          if (full < rows) pack_rows(a + (r0 + full) * ar + k0 * ak, ar, ak, rows - full, depth, rows_packed);
-          for (int64_t g = 0; g < rows; g += kGemmRows) {
-            const bool packed_group = g == full;
-            const float* group = packed_group ? rows_packed : a + (r0 + g) * ar + k0 * ak;
-            for (int64_t j = 0; j < cols; j += kPanel)
-              group_into(false, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), kPanel, depth, group,
-                         packed_group ? kGemmRows : ak, b + k0 * ldb + c0 + j, ldb, c + (r0 + g) * ldc + c0 + j, ldc,
-                         k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
-          }
-          continue;
-        }
-        pack_rows(a + r0 * ar + k0 * ak, ar, ak, rows, depth, rows_packed);
+        // In place (direct): A's whole groups and B's panels where they lie,
+        // a last group of fewer rows packed (zero padded); else the tile's
+        // rows and B's panels packed.
+        const int64_t full = direct ? rows / kGemmRows * kGemmRows : 0;
+        if (full < rows) pack_rows(a + (r0 + full) * ar + k0 * ak, ar, ak, rows - full, depth, rows_packed);
         // One group of rows (kGemmRows × depth, 12 KiB) stays in L1 while the
         // tile's panels (kDepth × kPanel each, 32 KiB) come from L2 in turn.
-        for (int64_t g = 0; g < rows; g += kGemmRows)
+        for (int64_t g = 0; g < rows; g += kGemmRows) {
+          const bool packed_group = g >= full;
+          const float* group =
+              packed_group ? rows_packed + (g - full) * (ak == 1 ? kDepth : depth) : a + (r0 + g) * ar + k0 * ak;
           for (int64_t j = 0; j < cols; j += kPanel)
             group_into(ak == 1, k0 > 0 || beta == 1.0f, min64(kGemmRows, rows - g), min64(kPanel, n - c0 - j), depth,
-                       rows_packed + g * (ak == 1 ? kDepth : depth), kGemmRows,
-                       packed + ((c0 + j) / kPanel * k + k0) * kPanel, kPanel, c + (r0 + g) * ldc + c0 + j, ldc,
+                       group, packed_group ? kGemmRows : ak,
+                       direct ? b + k0 * ldb + c0 + j : packed + ((c0 + j) / kPanel * k + k0) * kPanel,
+                       direct ? ldb : kPanel, c + (r0 + g) * ldc + c0 + j, ldc,
                        k0 == 0 && bias ? bias_pad + c0 + j : nullptr);
+        }
       }
     }
   }
