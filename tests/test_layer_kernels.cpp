@@ -4,6 +4,7 @@
 // huge, tiny and non-finite values; results independent of the thread count.
 #include <omp.h>
 
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -85,6 +86,58 @@ TEST_P(LayerKernels, ActivationsPropagateNaN) {
     cpu::activation_forward(kind, x.data(), nullptr, nullptr, y.data(), 1, 3);
     EXPECT_TRUE(std::isnan(y[1])) << int(kind);
     EXPECT_FALSE(std::isnan(y[0]) || std::isnan(y[2])) << int(kind);
+  }
+}
+
+// The bfloat16 outputs are the float32 ones rounded as bfloat16's constructor
+// rounds (nearest, ties to even; NaN quiet), bit for bit, and the bias
+// gradient is the float32 path's. ReLU passes x through, so ties of both
+// parities, the largest finite float (rounds to inf), inf and NaN reach the
+// rounding as they are.
+TEST_P(LayerKernels, ActivationsRoundToBfloat16) {
+  const auto float_of = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  for (cpu::ActivationKind kind : kKinds)
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 17}, {5, 33}, {7, 70}}) {
+      SCOPED_TRACE(std::to_string(int(kind)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+      const size_t n = size_t(rows * cols);
+      std::vector<float> x = random_floats(n, 11, 3.0f), dy = random_floats(n, 12);
+      const float specials[] = {float_of(0x3f808000u), float_of(0x3f818000u), float_of(0xbf808000u),
+                                float_of(0x3f80ffffu), std::numeric_limits<float>::max(),
+                                std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                                float_of(0x7f800001u), 1e-40f};
+      for (size_t i = 0; i < n && i < std::size(specials); ++i) x[n - 1 - i] = specials[i];
+      std::vector<float> y(n), dx(n), db(size_t(cols), 0.5f), db16(size_t(cols), 0.5f);
+      std::vector<bfloat16> y16(n), dx16(n);
+      cpu::activation_forward(kind, x.data(), nullptr, nullptr, y.data(), rows, cols);
+      cpu::activation_forward(kind, x.data(), nullptr, nullptr, y16.data(), rows, cols);
+      cpu::activation_backward(kind, x.data(), dy.data(), dx.data(), db.data(), rows, cols);
+      cpu::activation_backward(kind, x.data(), dy.data(), dx16.data(), db16.data(), rows, cols);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(y16[i].bits, bfloat16(y[i]).bits) << "forward at " << i << ": " << y[i];
+        ASSERT_EQ(dx16[i].bits, bfloat16(dx[i]).bits) << "backward at " << i << ": " << dx[i];
+      }
+      for (size_t c = 0; c < size_t(cols); ++c) ASSERT_EQ(std::memcmp(&db[c], &db16[c], 4), 0) << "bias gradient " << c;
+    }
+}
+// Column sums of bfloat16 rows: those of their float32 widening, bit for
+// bit (same blocks, same order), at odd widths and with a NaN in a column.
+TEST_P(LayerKernels, ColumnSumsOfBfloat16AreThoseOfTheirWidening) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {9, 17}, {70, 33}, {301, 129}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const size_t n = size_t(rows * cols);
+    std::vector<float> x = random_floats(n, 21, 5.0f);
+    if (n > 3) x[3] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<bfloat16> x16(n);
+    for (size_t i = 0; i < n; ++i) x16[i] = bfloat16(x[i]), x[i] = float(x16[i]);
+    std::vector<float> sum(size_t(cols), 0.25f), sum16 = sum;
+    cpu::add_column_sums(x.data(), rows, cols, sum.data());
+    cpu::add_column_sums(x16.data(), rows, cols, sum16.data());
+    for (size_t c = 0; c < size_t(cols); ++c) ASSERT_EQ(std::memcmp(&sum[c], &sum16[c], 4), 0) << c << ": " << sum[c];
+    if (n > 3) EXPECT_TRUE(std::isnan(sum16[size_t(3 % cols)]));
   }
 }
 

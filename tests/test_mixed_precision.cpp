@@ -11,6 +11,7 @@
 // for the larger layers the gradients must agree with the float32 ones
 // within bfloat16 tolerance (relative error ≤ 1e-2 in the 2-norm).
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "cpu/flash/dispatch.h"
@@ -172,6 +173,41 @@ TEST(Bf16Gemm, EveryKindOfProductRunsWhereSupportedAndIsRefusedElsewhere) {
     EXPECT_EQ(cpu::bf16_products(), kind);
     check_bf16_products("gemm, " + cpu::to_string(kind) + " products", [](auto... args) { cpu::gemm(args...); },
                         {{5, 9, 33}, {20, 40, 70}});
+  }
+  cpu::force_bf16_products(std::nullopt);
+}
+
+// gemm_bias on bfloat16 operands: C = op(A)·op(B) + bias, the same bits as C
+// filled with the bias and the product added (beta 1), on every kind of
+// product; the dot kernel adds the bias as it stores its first block of k
+// (full micro-tiles and edges, past one block of pairs, one tile of rows and
+// one panel), the rest fill C first. C's NaN is never read.
+TEST(Bf16Gemm, BiasAddedAsStoredIsTheFilledProductBitForBit) {
+  for (cpu::Bf16Products kind : cpu::supported_bf16_products()) {
+    cpu::force_bf16_products(kind);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 6}, {12, 64, 40},
+                               {13, 70, 301}, {200, 130, 33}, {5, 9, 2}}) {
+          SCOPED_TRACE(cpu::to_string(kind) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " " +
+                       std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+          const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ldc = n + 2;
+          const Tensor a = random_tensor({ta ? k : m, lda}, 4, DType::bfloat16);
+          const Tensor b = random_tensor({tb ? n : k, ldb}, 5, DType::bfloat16);
+          const Tensor bias = random_tensor({n}, 6, DType::float32);
+          Tensor c = Tensor::full({m, ldc}, NAN), want = Tensor::zeros({m, ldc});
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) want.data<float>()[i * ldc + j] = bias.data<float>()[j];
+          cpu::gemm(ta, tb, m, n, k, 1.0f, a.data<bfloat16>(), lda, b.data<bfloat16>(), ldb, 1.0f,
+                    want.data<float>(), ldc);
+          cpu::gemm_bias(ta, tb, m, n, k, a.data<bfloat16>(), lda, b.data<bfloat16>(), ldb, bias.data<float>(),
+                         c.data<float>(), ldc);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              const float got = c.data<float>()[i * ldc + j], expected = want.data<float>()[i * ldc + j];
+              ASSERT_EQ(std::memcmp(&got, &expected, 4), 0) << i << "," << j << ": " << got << " vs " << expected;
+            }
+        }
   }
   cpu::force_bf16_products(std::nullopt);
 }
@@ -405,4 +441,54 @@ TEST(MixedPrecision, Errors) {
   MultiheadAttention attention({.embed_dim = 4, .num_heads = 2, .batch_first = true, .precision = Precision::bf16_mixed}, g);
   KVCache cache{Tensor::zeros({1, 4, 4}), Tensor::zeros({1, 4, 4}), 2};
   EXPECT_THROW(attention.forward_cached(Tensor::zeros({1, 1, 4}), cache), ShapeError);
+}
+
+// Operands rounded ahead (the activation writing bfloat16 for the Linear
+// after it, under bf16-mixed) change nothing: the same bits as the layers
+// rounding them themselves.
+TEST(MixedPrecision, OperandsRoundedAheadGiveTheSameBits) {
+  const auto same_bits = [](const Tensor& a, const Tensor& b, const char* what) {
+    ASSERT_EQ(a.dtype(), b.dtype()) << what;
+    ASSERT_EQ(a.shape(), b.shape()) << what;
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), size_t(a.numel()) * dtype_size(a.dtype())), 0) << what;
+  };
+  Generator g(3);
+  Linear mixed({.in_features = 37, .out_features = 19, .precision = Precision::bf16_mixed}, g);
+  const Tensor x = random_tensor({3, 7, 37}, 4, DType::float32), dy = random_tensor({3, 7, 19}, 5, DType::float32);
+  same_bits(mixed.forward(x.to(DType::bfloat16)), mixed.forward(x), "y");
+  mixed.zero_grad();
+  const Tensor dx = mixed.backward(dy, /*bias_grad_added=*/true);
+  const Tensor dw = mixed.weight_grad.clone();
+  mixed.zero_grad();
+  same_bits(mixed.backward(dy.to(DType::bfloat16), true), dx, "dx");
+  same_bits(mixed.weight_grad, dw, "dW");
+
+  for (Activation kind : {Activation::gelu, Activation::relu}) {
+    ActivationLayer act(kind);
+    const Tensor pre = random_tensor({5, 43}, 6, DType::float32), g_out = random_tensor({5, 43}, 7, DType::float32);
+    const Tensor y = act.forward(pre, DType::float32);
+    same_bits(act.forward(pre, DType::bfloat16), y.to(DType::bfloat16), "activation");
+    Tensor db32 = Tensor::zeros({43}), db16 = Tensor::zeros({43});
+    const Tensor d32 = act.backward(g_out, db32, DType::float32);
+    same_bits(act.backward(g_out, db16, DType::bfloat16), d32.to(DType::bfloat16), "activation's gradient");
+    same_bits(db16, db32, "bias gradient");
+  }
+}
+
+TEST(MixedPrecision, RoundedOperandsWhereTheyDoNotBelongAreRefused) {
+  Generator g(4);
+  Linear plain({.in_features = 4, .out_features = 3}, g);
+  Linear mixed({.in_features = 4, .out_features = 3, .precision = Precision::bf16_mixed}, g);
+  const Tensor x16 = Tensor::zeros({2, 4}).to(DType::bfloat16);
+  expect_error<DtypeError>([&] { plain.forward(x16); }, "[mha::nn::Linear::forward] x: expected float32");
+  mixed.forward(Tensor::zeros({2, 4}));
+  // The bias gradient needs dy unrounded unless it was summed already.
+  expect_error<DtypeError>([&] { mixed.backward(Tensor::zeros({2, 3}).to(DType::bfloat16)); },
+                           "[mha::nn::Linear::backward] dy: expected float32");
+  GELU gelu;
+  expect_error<DtypeError>([&] { gelu.forward(Tensor::zeros({2, 4}, DType::float64), DType::bfloat16); },
+                           "[mha::nn::GELU::forward] out: expected float64 (the input's); got bfloat16");
+  gelu.forward(Tensor::zeros({2, 4}));
+  expect_error<DtypeError>([&] { gelu.backward(Tensor::zeros({2, 4}), DType::float64); },
+                           "[mha::nn::GELU::backward] out: expected float32 (the input's) or bfloat16; got float64");
 }

@@ -47,9 +47,11 @@ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // C (kRowsMicro × kPanel, row stride ldc) (+)= A · P over `depth` pairs.
 // The sums start from zero and C is added at the end, its lines prefetched
 // as the loop starts (sgemm_kernel.h: C, not in cache between blocks of k,
-// held up each micro-tile that loaded it first).
+// held up each micro-tile that loaded it first). Without ACC, bias (kPanel
+// columns) when not null is added instead: C = A · P + bias, the same bits
+// as C filled with the bias and then accumulated into, without that pass.
 template <bool ACC>
-void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t depth) {
+void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t depth, const float* bias = nullptr) {
   __m512 acc[kRowsMicro][kVectors];
   for (int r = 0; r < kRowsMicro; ++r)
     for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -67,27 +69,31 @@ void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t 
   for (int r = 0; r < kRowsMicro; ++r)
     for (int v = 0; v < kVectors; ++v) {
       float* out = C + r * ldc + v * kLanes;
-      _mm512_storeu_ps(out, ACC ? _mm512_add_ps(acc[r][v], _mm512_loadu_ps(out)) : acc[r][v]);
+      if (ACC) _mm512_storeu_ps(out, _mm512_add_ps(acc[r][v], _mm512_loadu_ps(out)));
+      else _mm512_storeu_ps(out, bias ? _mm512_add_ps(acc[r][v], _mm512_loadu_ps(bias + v * kLanes)) : acc[r][v]);
     }
 }
 
-// C rows [0, rows) × columns [0, width) (+)= packed A rows · panel P; full
-// micro-tiles straight into C, the edges through a tile on the stack.
+// C rows [0, rows) × columns [0, width) (+)= packed A rows · panel P (+ bias,
+// its width columns, when not accumulating); full micro-tiles straight into
+// C, the edges through a tile on the stack.
 void panel_into(bool accumulate, int64_t rows, int64_t width, int64_t depth, const uint32_t* packed_rows,
-                const uint32_t* P, float* C, int64_t ldc) {
+                const uint32_t* P, float* C, int64_t ldc, const float* bias) {
   for (int64_t r = 0; r < rows; r += kRowsMicro) {
     const uint32_t* a = packed_rows + r * depth;
     const int64_t here = min64(kRowsMicro, rows - r);
     float* out = C + r * ldc;
     if (here == kRowsMicro && width == kPanel) {
-      accumulate ? micro<true>(a, P, out, ldc, depth) : micro<false>(a, P, out, ldc, depth);
+      accumulate ? micro<true>(a, P, out, ldc, depth) : micro<false>(a, P, out, ldc, depth, bias);
       continue;
     }
     alignas(64) float edge[kRowsMicro * kPanel];
-    if (accumulate)
+    const bool add = accumulate || bias;  // the edge starts as C's part, or the bias in each row
+    if (add)
       for (int64_t i = 0; i < kRowsMicro; ++i)
-        for (int64_t j = 0; j < kPanel; ++j) edge[i * kPanel + j] = i < here && j < width ? out[i * ldc + j] : 0.0f;
-    accumulate ? micro<true>(a, P, edge, kPanel, depth) : micro<false>(a, P, edge, kPanel, depth);
+        for (int64_t j = 0; j < kPanel; ++j)
+          edge[i * kPanel + j] = i >= here || j >= width ? 0.0f : accumulate ? out[i * ldc + j] : bias[j];
+    add ? micro<true>(a, P, edge, kPanel, depth) : micro<false>(a, P, edge, kPanel, depth);
     for (int64_t i = 0; i < here; ++i)
       for (int64_t j = 0; j < width; ++j) out[i * ldc + j] = edge[i * kPanel + j];
   }
@@ -173,9 +179,10 @@ void pack_a(bool ta, const uint16_t* a, int64_t lda, int64_t m, int64_t k, int64
   }
 }
 
-// C = op(A)·op(B) (beta 0) or C += op(A)·op(B) (beta 1).
+// C = op(A)·op(B) (+ bias along the rows, when not null) (beta 0) or
+// C += op(A)·op(B) (beta 1, no bias).
 void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda, const bfloat16* b,
-             int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+             int64_t ldb, bool accumulate, float* c, int64_t ldc, const float* bias = nullptr) {
   const int64_t K2 = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel;
   uint32_t* packed = static_cast<uint32_t*>(thread_scratch_bytes(ScratchSlot::bgemm_b, K2 * panels * kPanel * int64_t(sizeof(uint32_t))));
   pack_b(tb, &b->bits, ldb, k, n, packed);
@@ -212,9 +219,11 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
           const int64_t depth = min64(kDepth2, s1 - q0);
           uint32_t* block = rows_packed + (q0 - s0) * padded;
           if (c0 == p0) pack_a(ta, &a->bits, lda, m, k, r0, padded, q0, depth, block);
-          for (int64_t p = c0; p < min64(p1, c0 + kCols / kPanel); ++p)
-            panel_into(q0 > 0 || accumulate, rows, min64(kPanel, n - p * kPanel), depth, block,
-                       packed + (p * K2 + q0) * kPanel, c + r0 * ldc + p * kPanel, ldc);
+          for (int64_t p = c0; p < min64(p1, c0 + kCols / kPanel); ++p) {
+            const bool into = q0 > 0 || accumulate;
+            panel_into(into, rows, min64(kPanel, n - p * kPanel), depth, block, packed + (p * K2 + q0) * kPanel,
+                       c + r0 * ldc + p * kPanel, ldc, into || !bias ? nullptr : bias + p * kPanel);
+          }
         }
     }
   }
@@ -306,13 +315,17 @@ void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
   });
 }
 
+void gemm_bias_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda,
+                           const bfloat16* b, int64_t ldb, const float* bias, float* c, int64_t ldc) {
+  if (m > 0 && n > 0 && k > 0) product(ta, tb, m, n, k, a, lda, b, ldb, false, c, ldc, bias);
+}
+
 void round_to_bf16_avx512(const float* src, bfloat16* dst, int64_t n) {
   // bfloat16::round_from on 16 lanes: add 0x7fff plus the lowest kept bit,
   // keep the top half; NaN keeps its top half with the quiet bit set.
   const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), infinity = _mm512_set1_epi32(0x7f800000);
   const int64_t vectors = n / 16;
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 18))
   for (int64_t v = 0; v < vectors; ++v) {
     const __m512i u = _mm512_loadu_si512(src + 16 * v);
     const __m512i top = _mm512_srli_epi32(u, 16);

@@ -37,9 +37,14 @@ void store_reduced(const A* full, const AttentionParams& p, Tensor& grad) {
       if constexpr (!std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>) {
         T* dst = grad.data<T>();
 #pragma omp parallel for schedule(static) if (int64_t(at.size()) * rows * cols >= (int64_t(1) << 16))
-        for (int64_t r = 0; r < int64_t(at.size()) * rows; ++r)
-          for (int64_t x = 0; x < cols; ++x)
-            dst[at[size_t(r / rows)] + r % rows * row + x] = store_as<T>(full[r * cols + x]);
+        for (int64_t r = 0; r < int64_t(at.size()) * rows; ++r) {
+          T* out = dst + at[size_t(r / rows)] + r % rows * row;
+          if constexpr (std::is_same_v<T, bfloat16> && std::is_same_v<A, float>) {
+            round_to_bf16_here(full + r * cols, out, cols);  // vectorised (bf16-mixed's q, k, v gradients)
+          } else {
+            for (int64_t x = 0; x < cols; ++x) out[x] = store_as<T>(full[r * cols + x]);
+          }
+        }
       }
     });
     return;

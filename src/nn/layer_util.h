@@ -38,14 +38,15 @@ inline void check_backward(const Tensor& saved, const Tensor& dy, const Shape& w
   if (dy.dtype() != dtype) raise<DtypeError>(fn, "dy", to_string(dtype), to_string(dy.dtype()));
 }
 
-// db (cols) += Σ_rows dy, dy rows × cols contiguous (a bias's gradient).
-template <class T>
-void add_bias_gradient(const T* dy, int64_t rows, int64_t cols, T* db) {
+// db (cols) += Σ_rows dy, dy rows × cols contiguous (a bias's gradient); dy
+// may be bfloat16 under a float32 db (a bf16-mixed layer's rounded gradient).
+template <class D, class T>
+void add_bias_gradient(const D* dy, int64_t rows, int64_t cols, T* db) {
   if constexpr (std::is_same_v<T, float>) {
     cpu::add_column_sums(dy, rows, cols, db);
   } else {
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) db[c] += dy[r * cols + c];
+      for (int64_t c = 0; c < cols; ++c) db[c] += T(dy[r * cols + c]);
   }
 }
 

@@ -1,6 +1,7 @@
 // Linear: y = x Wᵀ + b through BLAS; backward dW += dyᵀ x, db += Σ dy, dx = dy W.
 // Under bf16_mixed the three products take bfloat16 operands (x, W, dy
-// rounded) and sum in float32; db sums the float32 dy.
+// rounded) and sum in float32; db sums the float32 dy. There x may come
+// already rounded (bfloat16), and dy too when db is summed elsewhere.
 #include "mha/nn/linear.h"
 
 #include <cmath>
@@ -42,7 +43,7 @@ void Linear::train(bool on) {
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  check_input(x, kForward, "x", config_.dtype, config_.in_features);
+  check_input(x, kForward, "x", accepted_dtype(x, config_.dtype, config_.precision), config_.in_features);
   const int64_t in = config_.in_features, out = config_.out_features, rows = x.numel() / in;
   Shape shape = x.shape();
   shape.back() = out;
@@ -62,7 +63,10 @@ Tensor Linear::backward(const Tensor& dy_in, bool bias_grad_added) {
   const int64_t in = config_.in_features, out = config_.out_features;
   Shape out_shape = saved_x_.defined() ? saved_x_.shape() : Shape{};
   if (!out_shape.empty()) out_shape.back() = out;
-  check_backward(saved_x_, dy_in, out_shape, config_.dtype, kBackward);
+  // A bfloat16 dy (bf16-mixed) serves the products; the bias gradient needs it unrounded.
+  const bool need_bias_dy = bias.defined() && !bias_grad_added;
+  check_backward(saved_x_, dy_in, out_shape, accepted_dtype(dy_in, config_.dtype, config_.precision, !need_bias_dy),
+                 kBackward);
   const Tensor dy = dy_in.contiguous();
   const int64_t rows = dy.numel() / out;
   Tensor dx = Tensor::empty(saved_x_.shape(), config_.dtype);
@@ -72,7 +76,7 @@ Tensor Linear::backward(const Tensor& dy_in, bool bias_grad_added) {
     const Tensor d = as_operand<A>(dy);
     const Tensor& w = weight_operand<A>(weight, bf16_, 0, false);
     cpu::gemm(true, false, out, in, rows, T(1), d.data<A>(), out, saved_x_.data<A>(), in, T(1), weight_grad.data<T>(), in);
-    if (bias.defined() && !bias_grad_added) add_bias_gradient(dy.data<T>(), rows, out, bias_grad.data<T>());
+    if (need_bias_dy) add_bias_gradient(dy.data<T>(), rows, out, bias_grad.data<T>());
     cpu::gemm(false, false, rows, in, out, T(1), d.data<A>(), out, w.data<A>(), in, T(0), dx.data<T>(), in);
   });
   return dx;

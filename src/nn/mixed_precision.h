@@ -36,8 +36,15 @@ Tensor bf16_copy(const Tensor& x);
 // its bfloat16 copy.
 template <class A>
 Tensor as_operand(const Tensor& x) {
-  if constexpr (std::is_same_v<A, bfloat16>) return bf16_copy(x);
+  if constexpr (std::is_same_v<A, bfloat16>) return x.dtype() == DType::bfloat16 ? x.contiguous() : bf16_copy(x);
   else return x.contiguous();
+}
+
+// The dtype a layer's input or gradient must have: the layer's, or under
+// bf16_mixed also bfloat16 when `operand_ok` (the products' operand, rounded
+// by the layer before: see activation.h).
+inline DType accepted_dtype(const Tensor& x, DType dtype, Precision precision, bool operand_ok = true) {
+  return operand_ok && precision == Precision::bf16_mixed && x.dtype() == DType::bfloat16 ? DType::bfloat16 : dtype;
 }
 
 // A weight as an operand of type A: the float tensor itself, or its bfloat16

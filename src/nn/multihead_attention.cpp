@@ -507,9 +507,14 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
     // q, k and v's gradients as (N, ·, I) rows, heads side by side: parts of
     // one (N, L, 3I) buffer when fused, else three; the attention core writes
     // its gradients straight into their heads where they share the dtype.
+    // Under bf16-mixed the products take them as bfloat16, the attention
+    // core's own output type: it writes them into one bfloat16 buffer that the
+    // products read and the bias gradient sums (no float32 copy of the core's
+    // output and no rounding pass). Rotary positions turn them in float32.
+    const bool rounded_dqkv = !std::is_same_v<T, A> && s.fused && !c.rotary_base && !s.variant && !s.shard;
     Tensor dqkv, dq, dk, dv;
     if (s.fused) {
-      dqkv = Tensor::empty({N, L, 3 * I}, c.dtype);
+      dqkv = Tensor::empty({N, L, 3 * I}, rounded_dqkv ? DType::bfloat16 : c.dtype);
     } else {
       dq = Tensor::empty({N, L, I}, c.dtype), dk = Tensor::empty({N, s.S_total, I}, c.dtype);
       dv = Tensor::empty({N, s.S_total, I}, c.dtype);
@@ -541,7 +546,7 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
                                             s.attention, s.options, "mha::nn::MultiheadAttention::backward");
       } else {
         const Tensor dout = split_heads(as_operand<A>(dheads), H, hd);
-        if constexpr (std::is_same_v<T, A>) {
+        if (std::is_same_v<T, A> || rounded_dqkv) {
           ag = {.dquery = heads_of(0), .dkey = heads_of(1), .dvalue = heads_of(2)};
           attention_backward_into(ag, dout, s.q, s.k, s.v, s.attention, s.options, bias_grad, dw);
           written = true;
@@ -562,8 +567,12 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
       // W_in's gradient and bias in one product and one sum over 3I columns,
       // and summed, x's gradient in one product 3I deep.
       const Tensor dqkv_op = as_operand<A>(dqkv);
-      project_weight_backward<T, A>(dqkv.data<T>(), dqkv_op.data<A>(), L, s.query.data<A>(), s.qs, 3 * I,
-                                    in_proj_weight_grad.data<T>(), mut_ptr_or_null<T>(in_proj_bias_grad));
+      const auto weight_backward = [&](const auto* dy) {
+        project_weight_backward<T, A>(dy, dqkv_op.data<A>(), L, s.query.data<A>(), s.qs, 3 * I,
+                                      in_proj_weight_grad.data<T>(), mut_ptr_or_null<T>(in_proj_bias_grad));
+      };
+      if (rounded_dqkv) weight_backward(dqkv_op.data<A>());
+      else weight_backward(dqkv.data<T>());
       if (summed)
         return project_input_backward<T, A>(dqkv_op.data<A>(), 3 * I, L, s.qs, w[0].data<A>(), 3 * I,
                                             g.dquery.data<T>());

@@ -57,8 +57,9 @@ void project(const A* x, const SeqLayout& xs, const A* w, const T* bias, int64_t
 //   dW += Σ_n dy_nᵀ x_n,  db += Σ_n Σ_l dy_n   (project_weight_backward)
 //   dx_n = dy_n W                              (project_input_backward: dy's
 //                                               rows dy_row apart, Y of them read)
-template <class T, class A>
-void project_weight_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, int64_t Y,
+// (dy: what the bias gradient sums, T or, under bf16-mixed, the rounded dy_op itself.)
+template <class T, class A, class D>
+void project_weight_backward(const D* dy, const A* dy_op, int64_t Ly, const A* x, const SeqLayout& xs, int64_t Y,
                              T* dw, T* dbias) {
   if (rows_in_order(xs) && (xs.N == 1 || Ly == xs.L)) {
     const int64_t rows = xs.N * xs.L;
@@ -71,7 +72,7 @@ void project_weight_backward(const T* dy, const A* dy_op, int64_t Ly, const A* x
               dw, xs.X);
     if (dbias)
       for (int64_t l = 0; l < xs.L; ++l)
-        for (int64_t e = 0; e < Y; ++e) dbias[e] += dy[(n * Ly + l) * Y + e];
+        for (int64_t e = 0; e < Y; ++e) dbias[e] += T(dy[(n * Ly + l) * Y + e]);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include "cpu/layers/layers.h"
 #include "nn/layer_util.h"
+#include "nn/mixed_precision.h"
 
 namespace mha::nn {
 
@@ -76,17 +77,25 @@ BlockGradients attention_block_backward(MultiheadAttention& attention, Dropout& 
 }
 
 // out_drop(linear2(inner_drop(activation(linear1(x))))): the feed-forward block.
+// Under bf16-mixed, linear2 reads the activation's output only as bfloat16
+// operands, so the activation writes them (one pass of 2 bytes an element
+// instead of 4 written, 4 read back and 2 written by a rounding pass), unless
+// dropout stands between the two.
 Tensor feed_forward(Linear& l1, ActivationLayer& act, Dropout& inner, Linear& l2, Dropout& out_drop, const Tensor& x) {
-  return out_drop.forward(l2.forward(inner.forward(act.forward(l1.forward(x)))));
+  const LinearConfig& c = l2.config();
+  const DType mid = inner.active() ? c.dtype : operand_dtype(c.dtype, c.precision);
+  return out_drop.forward(l2.forward(inner.forward(act.forward(l1.forward(x), mid))));
 }
 
 // linear1's bias gradient is summed in the activation's backward sweep (one
-// pass less over the (rows × dim_feedforward) gradient).
+// pass less over the (rows × dim_feedforward) gradient), which then writes
+// the gradient as linear1's products take it (bfloat16 under bf16-mixed).
 Tensor feed_forward_backward(Linear& l1, ActivationLayer& act, Dropout& inner, Linear& l2, Dropout& out_drop,
                              const Tensor& dy) {
   const Tensor g = inner.backward(l2.backward(out_drop.backward(dy)));
-  if (!l1.bias_grad.defined()) return l1.backward(act.backward(g));
-  return l1.backward(act.backward(g, l1.bias_grad), /*bias_grad_added=*/true);
+  const DType out = operand_dtype(l1.config().dtype, l1.config().precision);
+  if (!l1.bias_grad.defined()) return l1.backward(act.backward(g, out));
+  return l1.backward(act.backward(g, l1.bias_grad, out), /*bias_grad_added=*/true);
 }
 
 // A self-attention block's backward: x fed it as query, key and value, so

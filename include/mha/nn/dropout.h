@@ -14,6 +14,8 @@ class Dropout : public Module {
   Dropout(double p, Generator& gen);
 
   double p() const { return p_; }
+  // Whether forward would zero and scale (training, p > 0) or pass x through.
+  bool active() const { return training_ && p_ > 0; }
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Generator& generator() { return gen_; }

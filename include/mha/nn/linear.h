@@ -2,6 +2,8 @@
 //   x (…, in_features) → y (…, out_features); weight (out, in), bias (out).
 //   Saved for backward: x (under bf16_mixed its bfloat16 copy, half the
 //   memory: the dW product reads nothing more).
+//   Under bf16_mixed, x may come as bfloat16 already (an activation's
+//   rounded output), and so may backward's dy when bias_grad_added.
 #pragma once
 
 #include "mha/nn/module.h"

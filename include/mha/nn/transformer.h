@@ -55,23 +55,10 @@ struct TransformerEncoderLayerConfig {
 };
 
 // ReLU or GELU, chosen at construction.
-class ActivationLayer : public Module {
+class ActivationLayer : public Elementwise {
  public:
-  explicit ActivationLayer(Activation kind) : kind_(kind) {}
-  Tensor forward(const Tensor& x) { return kind_ == Activation::relu ? relu_.forward(x) : gelu_.forward(x); }
-  Tensor backward(const Tensor& dy) { return kind_ == Activation::relu ? relu_.backward(dy) : gelu_.backward(dy); }
-  Tensor backward(const Tensor& dy, Tensor& bias_grad) {  // see activation.h
-    return kind_ == Activation::relu ? relu_.backward(dy, bias_grad) : gelu_.backward(dy, bias_grad);
-  }
-  void release_activations() override {
-    relu_.release_activations();
-    gelu_.release_activations();
-  }
-
- private:
-  Activation kind_;
-  ReLU relu_;
-  GELU gelu_;
+  // (forward and backward take an `out` dtype: see activation.h.)
+  explicit ActivationLayer(Activation kind) : Elementwise(kind == Activation::relu ? Function::relu : Function::gelu) {}
 };
 
 // What a checkpointed layer keeps of its forward to run it again in backward.

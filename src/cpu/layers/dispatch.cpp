@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/layers/kernels.h"
@@ -63,24 +64,54 @@ void add_partials(const float* partial, int64_t blocks, int64_t n, float* out) {
 
 }  // namespace
 
-void activation_forward(ActivationKind kind, const float* x, const float* bias, float* pre, float* y, int64_t rows,
-                        int64_t cols) {
-  const LayerKernels& k = kernels();
+namespace {
+
+// The kernel table's entry for an output of type Out (float, or bfloat16 as its bits).
+auto activation_rows_of(const LayerKernels& k, float*) { return k.activation_rows; }
+auto activation_rows_of(const LayerKernels& k, uint16_t*) { return k.activation_rows_bf16; }
+auto activation_backward_rows_of(const LayerKernels& k, float*) { return k.activation_backward_rows; }
+auto activation_backward_rows_of(const LayerKernels& k, uint16_t*) { return k.activation_backward_rows_bf16; }
+
+template <class Out>
+void activation_forward_to(ActivationKind kind, const float* x, const float* bias, float* pre, Out* y, int64_t rows,
+                           int64_t cols) {
+  const auto rows_kernel = activation_rows_of(kernels(), y);
   const Blocks b = blocks_of(rows);
   for_blocks(b, rows, rows * cols * 16,
-             [&](int64_t, int64_t begin, int64_t end) { k.activation_rows(kind, x, bias, pre, y, begin, end, cols); });
+             [&](int64_t, int64_t begin, int64_t end) { rows_kernel(kind, x, bias, pre, y, begin, end, cols); });
 }
 
-void activation_backward(ActivationKind kind, const float* x, const float* dy, float* dx, float* dbias, int64_t rows,
-                         int64_t cols) {
-  const LayerKernels& k = kernels();
+template <class Out>
+void activation_backward_to(ActivationKind kind, const float* x, const float* dy, Out* dx, float* dbias, int64_t rows,
+                            int64_t cols) {
+  const auto rows_kernel = activation_backward_rows_of(kernels(), dx);
   const Blocks b = blocks_of(rows);
   float* partial = dbias ? scratch<float>(ScratchSlot::layer_a, b.count * cols) : nullptr;
   if (partial) std::fill(partial, partial + b.count * cols, 0.0f);
   for_blocks(b, rows, rows * cols * 16, [&](int64_t i, int64_t begin, int64_t end) {
-    k.activation_backward_rows(kind, x, dy, dx, partial ? partial + i * cols : nullptr, begin, end, cols);
+    rows_kernel(kind, x, dy, dx, partial ? partial + i * cols : nullptr, begin, end, cols);
   });
   if (dbias) add_partials(partial, b.count, cols, dbias);
+}
+
+}  // namespace
+
+void activation_forward(ActivationKind kind, const float* x, const float* bias, float* pre, float* y, int64_t rows,
+                        int64_t cols) {
+  activation_forward_to(kind, x, bias, pre, y, rows, cols);
+}
+void activation_forward(ActivationKind kind, const float* x, const float* bias, float* pre, bfloat16* y, int64_t rows,
+                        int64_t cols) {
+  activation_forward_to(kind, x, bias, pre, reinterpret_cast<uint16_t*>(y), rows, cols);
+}
+
+void activation_backward(ActivationKind kind, const float* x, const float* dy, float* dx, float* dbias, int64_t rows,
+                         int64_t cols) {
+  activation_backward_to(kind, x, dy, dx, dbias, rows, cols);
+}
+void activation_backward(ActivationKind kind, const float* x, const float* dy, bfloat16* dx, float* dbias,
+                         int64_t rows, int64_t cols) {
+  activation_backward_to(kind, x, dy, reinterpret_cast<uint16_t*>(dx), dbias, rows, cols);
 }
 
 void layer_norm_forward(const LayerNormForward& p) {
@@ -168,16 +199,32 @@ void add_arrays(const float* a, const float* b, float* out, int64_t n) {
   }
 }
 
-void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
+namespace {
+
+template <class X>
+void add_column_sums_of(const X* x, int64_t rows, int64_t cols, float* out) {
   const LayerKernels& k = kernels();
   const Blocks b = blocks_of(rows);
   float* partial = scratch<float>(ScratchSlot::layer_c, b.count * cols);
   std::fill(partial, partial + b.count * cols, 0.0f);
   for_blocks(b, rows, rows * cols, [&](int64_t i, int64_t begin, int64_t end) {
     // Rows of this block into its partial, columns all at once.
-    for (int64_t r = begin; r < end; ++r) k.add_range(partial + i * cols, x + r * cols, partial + i * cols, cols);
+    float* sum = partial + i * cols;
+    for (int64_t r = begin; r < end; ++r) {
+      if constexpr (std::is_same_v<X, float>) k.add_range(sum, x + r * cols, sum, cols);
+      else k.add_range_bf16(sum, x + r * cols, sum, cols);
+    }
   });
   add_partials(partial, b.count, cols, out);
+}
+
+}  // namespace
+
+void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
+  add_column_sums_of(x, rows, cols, out);
+}
+void add_column_sums(const bfloat16* x, int64_t rows, int64_t cols, float* out) {
+  add_column_sums_of(reinterpret_cast<const uint16_t*>(x), rows, cols, out);
 }
 
 }  // namespace mha::cpu

@@ -82,40 +82,19 @@ inline Vec derivative(Vec x) {
   }
 }
 
-// One row of cols: pre = x + bias, y = f(pre).
-template <ActivationKind kKind>
-void activation_row(const float* x, const float* bias, float* pre, float* y, int64_t cols) {
-  int64_t c = 0;
-  for (; c + Vec::W <= cols; c += Vec::W) {
-    Vec v = Vec::load(x + c);
-    if (bias) v = v + Vec::load(bias + c);
-    if (pre) v.store(pre + c);
-    activate<kKind>(v).store(y + c);
-  }
-  if (c < cols) {
-    const int n = int(cols - c);
-    Vec v = Vec::load_partial(x + c, n);
-    if (bias) v = v + Vec::load_partial(bias + c, n);
-    if (pre) v.store_partial(pre + c, n);
-    activate<kKind>(v).store_partial(y + c, n);
-  }
+inline Vec load_n(const float* p, int lanes) { return lanes == Vec::W ? Vec::load(p) : Vec::load_partial(p, lanes); }
+// bfloat16 (its bits) widened: exact.
+inline Vec load_n(const uint16_t* p, int lanes) {
+  return lanes == Vec::W ? Vec::load_bf16(p) : Vec::load_bf16_partial(p, lanes);
 }
-
-// One row: dx = dy·f'(x); dbias_acc (cols) += dx.
-template <ActivationKind kKind>
-void activation_backward_row(const float* x, const float* dy, float* dx, float* dbias_acc, int64_t cols) {
-  int64_t c = 0;
-  for (; c + Vec::W <= cols; c += Vec::W) {
-    const Vec d = Vec::load(dy + c) * derivative<kKind>(Vec::load(x + c));
-    d.store(dx + c);
-    if (dbias_acc) (Vec::load(dbias_acc + c) + d).store(dbias_acc + c);
-  }
-  if (c < cols) {
-    const int n = int(cols - c);
-    const Vec d = Vec::load_partial(dy + c, n) * derivative<kKind>(Vec::load_partial(x + c, n));
-    d.store_partial(dx + c, n);
-    if (dbias_acc) (Vec::load_partial(dbias_acc + c, n) + d).store_partial(dbias_acc + c, n);
-  }
+inline void store_n(Vec v, float* p, int lanes) {
+  if (lanes == Vec::W) v.store(p);
+  else v.store_partial(p, lanes);
+}
+// Out = uint16_t: the lanes rounded to bfloat16 (the operand of a bf16 product).
+inline void store_n(Vec v, uint16_t* p, int lanes) {
+  if (lanes == Vec::W) v.store_bf16(p);
+  else v.store_bf16_partial(p, lanes);
 }
 
 // f(v) on every full vector of [0, n) and on its tail: f(Vec, offset, lanes).
@@ -126,27 +105,43 @@ inline void for_vectors(int64_t n, F&& f) {
   if (i < n) f(i, int(n - i));
 }
 
+// One row of cols: pre = x + bias, y = f(pre); Out float or uint16_t (bfloat16).
+template <ActivationKind kKind, class Out>
+void activation_row(const float* x, const float* bias, float* pre, Out* y, int64_t cols) {
+  for_vectors(cols, [&](int64_t c, int n) {
+    Vec v = load_n(x + c, n);
+    if (bias) v = v + load_n(bias + c, n);
+    if (pre) store_n(v, pre + c, n);
+    store_n(activate<kKind>(v), y + c, n);
+  });
+}
+
+// One row: dx = dy·f'(x); dbias_acc (cols) += dx (before any rounding of dx).
+template <ActivationKind kKind, class Out>
+void activation_backward_row(const float* x, const float* dy, Out* dx, float* dbias_acc, int64_t cols) {
+  for_vectors(cols, [&](int64_t c, int n) {
+    const Vec d = load_n(dy + c, n) * derivative<kKind>(load_n(x + c, n));
+    store_n(d, dx + c, n);
+    if (dbias_acc) store_n(load_n(dbias_acc + c, n) + d, dbias_acc + c, n);
+  });
+}
+
 // 1 in lanes [0, n), 0 above.
 inline Vec lanes_below(int n) {
   static constexpr float kOnes[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   return n == Vec::W ? Vec::set1(1.0f) : Vec::load_partial(kOnes, n);
 }
 
-inline Vec load_n(const float* p, int lanes) { return lanes == Vec::W ? Vec::load(p) : Vec::load_partial(p, lanes); }
-inline void store_n(Vec v, float* p, int lanes) {
-  if (lanes == Vec::W) v.store(p);
-  else v.store_partial(p, lanes);
-}
-
 }  // namespace layer_kernels
 
-inline void activation_rows(ActivationKind kind, const float* x, const float* bias, float* pre, float* y,
-                            int64_t begin, int64_t end, int64_t cols) {
+template <class Out>
+void activation_rows(ActivationKind kind, const float* x, const float* bias, float* pre, Out* y, int64_t begin,
+                     int64_t end, int64_t cols) {
   using namespace layer_kernels;
   for (int64_t r = begin; r < end; ++r) {
     const float* xr = x + r * cols;
     float* pr = pre ? pre + r * cols : nullptr;
-    float* yr = y + r * cols;
+    Out* yr = y + r * cols;
     switch (kind) {
       case ActivationKind::relu: activation_row<ActivationKind::relu>(xr, bias, pr, yr, cols); break;
       case ActivationKind::gelu: activation_row<ActivationKind::gelu>(xr, bias, pr, yr, cols); break;
@@ -155,8 +150,9 @@ inline void activation_rows(ActivationKind kind, const float* x, const float* bi
   }
 }
 
-inline void activation_backward_rows(ActivationKind kind, const float* x, const float* dy, float* dx,
-                                     float* dbias_acc, int64_t begin, int64_t end, int64_t cols) {
+template <class Out>
+void activation_backward_rows(ActivationKind kind, const float* x, const float* dy, Out* dx, float* dbias_acc,
+                              int64_t begin, int64_t end, int64_t cols) {
   using namespace layer_kernels;
   for (int64_t r = begin; r < end; ++r) {
     const int64_t o = r * cols;
@@ -350,7 +346,9 @@ inline void scale_range(float* x, int64_t n, float s) {
   for_vectors(n, [&](int64_t i, int lanes) { store_n(load_n(x + i, lanes) * f, x + i, lanes); });
 }
 
-inline void add_range(const float* a, const float* b, float* out, int64_t n) {
+// B float, or uint16_t: bfloat16 bits, widened exactly.
+template <class B>
+void add_range(const float* a, const B* b, float* out, int64_t n) {
   using namespace layer_kernels;
   for_vectors(n, [&](int64_t i, int lanes) { store_n(load_n(a + i, lanes) + load_n(b + i, lanes), out + i, lanes); });
 }

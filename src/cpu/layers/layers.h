@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "mha/dtype.h"
+
 namespace mha::cpu {
 
 enum class ActivationKind : uint8_t { relu, gelu, gelu_tanh };
@@ -25,6 +27,13 @@ void activation_forward(ActivationKind kind, const float* x, const float* bias, 
 // dx may be dy.
 void activation_backward(ActivationKind kind, const float* x, const float* dy, float* dx, float* dbias, int64_t rows,
                          int64_t cols);
+// The same two with y / dx rounded to bfloat16 as they are stored (nearest
+// even, as bfloat16's constructor): the operand a bf16 product takes next,
+// with no float32 copy in between. dbias still sums dx before rounding.
+void activation_forward(ActivationKind kind, const float* x, const float* bias, float* pre, bfloat16* y, int64_t rows,
+                        int64_t cols);
+void activation_backward(ActivationKind kind, const float* x, const float* dy, bfloat16* dx, float* dbias,
+                         int64_t rows, int64_t cols);
 
 // LayerNorm over rows of D: y = (h - μ)·r·weight + bias, r = 1/√(σ² + eps),
 // with h = x, or h = x + residual written to `sum` (the residual stream of
@@ -100,6 +109,9 @@ void scale_in_place(float* x, int64_t n, float s);
 
 // out += Σ_rows x over rows × cols (a bias's gradient).
 void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out);
+// The same over bfloat16 x (each widened exactly): the same sums, in the same
+// order, as over a float32 copy of x.
+void add_column_sums(const bfloat16* x, int64_t rows, int64_t cols, float* out);
 // out = a + b over n (out may be a or b).
 void add_arrays(const float* a, const float* b, float* out, int64_t n);
 // Whether rows × cols floats, rows `pitch` apart, hold no NaN and no infinity

@@ -7,6 +7,9 @@
 //   load_bf16(p)            W bfloat16 values (their bits, uint16_t) widened to float: exact
 //   load_bf16_partial(p, n) the same, lanes >= n read as 0 (n < W)
 //   store_partial(p, n)
+//   store_bf16(p)           W lanes rounded to bfloat16 (nearest even; NaN stays NaN, quiet),
+//                           as bfloat16::round_from, written as their bits (uint16_t)
+//   store_bf16_partial(p, n) the first n of them (n < W)
 //   stream(p)               a streaming (non-temporal) store, p aligned to the vector;
 //                           stream_fence() orders them before later stores (portable: plain)
 //   set1(x), zero()
@@ -66,6 +69,20 @@ struct Vec {
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
   void stream(float* p) const { _mm512_stream_ps(p, v); }
+  // bfloat16::round_from on every lane: add 0x7fff plus the lowest kept bit,
+  // keep the top half; a NaN keeps its top half with the quiet bit set.
+  __m256i bf16_bits() const {
+    const __m512i u = _mm512_castps_si512(v), top = _mm512_srli_epi32(u, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(top, _mm512_set1_epi32(1)));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(top, _mm512_set1_epi32(0x40))));
+  }
+  void store_bf16(uint16_t* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits()); }
+  void store_bf16_partial(uint16_t* p, int n) const {
+    _mm256_mask_storeu_epi16(p, __mmask16((1u << n) - 1), bf16_bits());
+  }
   static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
   static Vec zero() { return {_mm512_setzero_ps()}; }
   friend Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
@@ -125,6 +142,23 @@ struct Vec {
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   void store_partial(float* p, int n) const { _mm256_maskstore_ps(p, lanes_below(n), v); }
   void stream(float* p) const { _mm256_stream_ps(p, v); }
+  // As on AVX-512; the 32-bit lanes (each ≤ 0xffff) packed to 16 bits within
+  // the halves, then the halves' low quarters brought together.
+  __m128i bf16_bits() const {
+    const __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
+    const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(top, _mm256_set1_epi32(1)));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i bits = _mm256_blendv_epi8(rounded, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08));
+  }
+  void store_bf16(uint16_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_bits()); }
+  void store_bf16_partial(uint16_t* p, int n) const {
+    uint16_t bits[W];
+    store_bf16(bits);
+    std::memcpy(p, bits, size_t(n) * sizeof(uint16_t));
+  }
   static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
   static Vec zero() { return {_mm256_setzero_ps()}; }
   friend Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
@@ -203,6 +237,15 @@ struct Vec {
     for (int i = 0; i < n; ++i) p[i] = v[i];
   }
   void stream(float* p) const { store(p); }
+  void store_bf16_partial(uint16_t* p, int n) const {
+    for (int i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], 4);
+      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      p[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+    }
+  }
+  void store_bf16(uint16_t* p) const { store_bf16_partial(p, W); }
   static Vec set1(float x) {
     Vec r;
     for (int i = 0; i < W; ++i) r.v[i] = x;
