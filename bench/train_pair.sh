@@ -18,7 +18,7 @@ rounds=${1:-1}
 shift || true
 configs=("${@:-small mid wide long}")
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-steps_of() { case $1 in small) echo 30;; mid) echo 12;; wide) echo 4;; long) echo 6;; esac; }
+steps_of() { case $1 in small) echo 200;; mid) echo 12;; wide) echo 4;; long) echo 6;; esac; }
 for config in ${configs[@]}; do
   steps=$(steps_of "$config")
   for _ in $(seq "$rounds"); do
