@@ -137,7 +137,9 @@ TEST_P(LayerKernels, ColumnSumsOfBfloat16AreThoseOfTheirWidening) {
     cpu::add_column_sums(x.data(), rows, cols, sum.data());
     cpu::add_column_sums(x16.data(), rows, cols, sum16.data());
     for (size_t c = 0; c < size_t(cols); ++c) ASSERT_EQ(std::memcmp(&sum[c], &sum16[c], 4), 0) << c << ": " << sum[c];
-    if (n > 3) EXPECT_TRUE(std::isnan(sum16[size_t(3 % cols)]));
+    if (n > 3) {
+      EXPECT_TRUE(std::isnan(sum16[size_t(3 % cols)]));
+    }
   }
 }
 

@@ -567,8 +567,8 @@ MultiheadAttentionInputGradients MultiheadAttention::backward(const Tensor& dout
       // W_in's gradient and bias in one product and one sum over 3I columns,
       // and summed, x's gradient in one product 3I deep.
       const Tensor dqkv_op = as_operand<A>(dqkv);
-      const auto weight_backward = [&](const auto* dy) {
-        project_weight_backward<T, A>(dy, dqkv_op.data<A>(), L, s.query.data<A>(), s.qs, 3 * I,
+      const auto weight_backward = [&](const auto* summed_dy) {
+        project_weight_backward<T, A>(summed_dy, dqkv_op.data<A>(), L, s.query.data<A>(), s.qs, 3 * I,
                                       in_proj_weight_grad.data<T>(), mut_ptr_or_null<T>(in_proj_bias_grad));
       };
       if (rounded_dqkv) weight_backward(dqkv_op.data<A>());
