@@ -178,6 +178,13 @@ TEST(Dropout, TrainingEvaluationAndGradient) {
   drop.eval();
   EXPECT_EQ(drop.forward(x).to_vector(), x.to_vector());
   EXPECT_EQ(drop.backward(dy).to_vector(), dy.to_vector());
+  // Passing through, a bf16-mixed operand may be bfloat16; dropping, it may not; integers never.
+  const Tensor x16 = Tensor::zeros({8}).to(DType::bfloat16);
+  EXPECT_EQ(drop.forward(x16).raw_data(), x16.raw_data());
+  EXPECT_THROW(drop.forward(Tensor::zeros({8}, DType::int64)), DtypeError);
+  drop.train();
+  EXPECT_THROW(drop.forward(x16), DtypeError);
+  EXPECT_THROW(drop.forward(Tensor::zeros({8}, DType::int64)), DtypeError);
 }
 
 TEST(Layers, Errors) {

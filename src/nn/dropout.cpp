@@ -39,8 +39,9 @@ Dropout::Dropout(double p, Generator& gen) : p_(p), gen_(gen.next_u64()) {
 Tensor Dropout::forward(const Tensor& x) {
   check_defined(x, "mha::nn::Dropout::forward", "x");
   applied_ = active();
-  if (!applied_) return x;  // any dtype passes through (a bf16-mixed operand, say)
+  if (!applied_ && x.dtype() == DType::bfloat16) return x;  // a bf16-mixed operand passes through
   check_layer_dtype(x.dtype(), "mha::nn::Dropout::forward");
+  if (!applied_) return x;
   seed_ = gen_.next_u64();
   return apply(x, seed_, p_);
 }
