@@ -28,6 +28,7 @@
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
+#include "cpu/layers/layers.h"
 #include "measure.h"
 #include "mha/mha.h"
 #include "mha/train/trainer.h"

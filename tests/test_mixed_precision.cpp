@@ -16,6 +16,7 @@
 
 #include "cpu/flash/dispatch.h"
 #include "cpu/gemm.h"
+#include "cpu/layers/layers.h"
 #include "testing.h"
 
 using namespace mha;

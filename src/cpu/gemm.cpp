@@ -355,10 +355,9 @@ void gemm_bias(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, in
     if (mha_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, bias)) return;
     if (k > 0) return openblas_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, bias);
   }
-  if constexpr (std::is_same_v<A, bfloat16>) {  // the dot kernel's packed path adds the bias as it stores
-    const bool decoding = !ta && tb && m <= kBf16SkinnyRows;
-    if (k > 0 && !decoding && active_isa() == Isa::avx512 && bf16_products() == Bf16Products::dot)
-      return gemm_bias_bf16_avx512(ta, tb, m, n, k, a, lda, b, ldb, bias, c, ldc);
+  if constexpr (std::is_same_v<A, bfloat16>) {  // the dot kernel adds the bias as it stores
+    if (k > 0 && active_isa() == Isa::avx512 && bf16_products() == Bf16Products::dot)
+      return gemm_bf16_avx512(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, bias);
   }
 #pragma omp parallel for schedule(static) if (m * n >= (int64_t(1) << 15) && !omp_in_parallel())
   for (int64_t r = 0; r < m; ++r) fill_with_bias(c, ldc, r, 1, 0, n, bias);
@@ -371,26 +370,5 @@ template void gemm_bias<double, double>(bool, bool, int64_t, int64_t, int64_t, c
                                         int64_t, const double*, double*, int64_t);
 template void gemm_bias<float, bfloat16>(bool, bool, int64_t, int64_t, int64_t, const bfloat16*, int64_t,
                                          const bfloat16*, int64_t, const float*, float*, int64_t);
-
-void round_to_bf16_here(const float* src, bfloat16* dst, int64_t n) {
-  if (active_isa() == Isa::avx512) return round_to_bf16_avx512(src, dst, n);
-  // bfloat16::round_from without the branch, so that the loop vectorises.
-  uint16_t* out = &dst->bits;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    out[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
-}
-
-void round_to_bf16(const float* src, bfloat16* dst, int64_t n) {
-  constexpr int64_t kChunk = int64_t(1) << 16;  // a multiple of every vector width
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 18))
-  for (int64_t c = 0; c < chunks; ++c)
-    round_to_bf16_here(src + c * kChunk, dst + c * kChunk, std::min(kChunk, n - c * kChunk));
-}
 
 }  // namespace mha::cpu

@@ -84,12 +84,11 @@ void force_bf16_products(std::optional<Bf16Products> kind);
 // products along k, reading B once without packing it (AMX would pack all
 // of B first, so gemm sends such products here too).
 inline constexpr int64_t kBf16SkinnyRows = 16;
+// With bias (n, along every row; only with alpha 1, beta 0 and k > 0):
+// C = op(A)·op(B) + bias, the bias added as the results are stored.
 void gemm_bf16_avx512(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
-                      const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
-// C = op(A)·op(B) + bias (n, along every row) by its packed path, the bias
-// added as the first block of k is stored (k > 0).
-void gemm_bias_bf16_avx512(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
-                           int64_t lda, const bfloat16* b, int64_t ldb, const float* bias, float* c, int64_t ldc);
+                      const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                      const float* bias = nullptr);
 // The AMX kernel (gemm_bf16_amx.cpp). Needs amx_bf16_usable(); treats
 // bfloat16 denormals as zero.
 void gemm_bf16_amx(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -103,13 +102,5 @@ bool amx_bf16_usable();
 // in pairs along them, as vdpbf16ps takes a row-major operand
 // (gemm_bf16_avx512.cpp; needs the avx512 kernels' instruction sets).
 void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t n, uint32_t* out);
-
-// dst[i] = src[i] rounded to bfloat16 (nearest even; NaN stays NaN; denormals
-// kept), on threads when n is large.
-void round_to_bf16(const float* src, bfloat16* dst, int64_t n);
-// The same on the calling thread (a row inside a parallel loop).
-void round_to_bf16_here(const float* src, bfloat16* dst, int64_t n);
-// That with AVX-512 (gemm_bf16_avx512.cpp; needs the avx512 kernels' instruction sets).
-void round_to_bf16_avx512(const float* src, bfloat16* dst, int64_t n);
 
 }  // namespace mha::cpu

@@ -237,7 +237,7 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
 // nothing).
 
 void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows,
-                  int64_t cols, float alpha, float beta, float* c, int64_t ldc) {
+                  int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   __m512 acc[4][4];
   for (auto& row : acc)
     for (__m512& x : row) x = _mm512_setzero_ps();
@@ -265,18 +265,19 @@ void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw
     for (int64_t j = 0; j < cols; ++j) {
       const float dot = alpha * _mm512_reduce_add_ps(acc[r][j]);
       float* out = c + r * ldc + j;
-      *out = beta == 0.0f ? dot : dot + beta * *out;
+      *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);
     }
 }
 
 void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* w,
-                    int64_t ldw, float beta, float* c, int64_t ldc) {
+                    int64_t ldw, float beta, float* c, int64_t ldc, const float* bias) {
   const int64_t col_blocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (m * n * k > (int64_t(1) << 17) && col_blocks > 1)
   for (int64_t jb = 0; jb < col_blocks; ++jb) {
     const int64_t j0 = jb * 4, cols = min64(4, n - j0);
     for (int64_t r0 = 0; r0 < m; r0 += 4)
-      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc);
+      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc,
+                   bias ? bias + j0 : nullptr);
   }
 }
 
@@ -307,34 +308,17 @@ void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t 
 }
 
 void gemm_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
-                      int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                      int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                      const float* bias) {
   if (m > 0 && n > 0 && k > 0 && !ta && tb && m <= kBf16SkinnyRows)
-    return skinny_product(m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc);
+    return skinny_product(m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc, bias);
+  if (bias) {  // (alpha 1, beta 0, k > 0: gemm.h)
+    if (m > 0 && n > 0) product(ta, tb, m, n, k, a, lda, b, ldb, false, c, ldc, bias);
+    return;
+  }
   bf16_product_scaled(m, n, k, alpha, beta, c, ldc, [&](bool accumulate, float* out, int64_t ld) {
     product(ta, tb, m, n, k, a, lda, b, ldb, accumulate, out, ld);
   });
-}
-
-void gemm_bias_bf16_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda,
-                           const bfloat16* b, int64_t ldb, const float* bias, float* c, int64_t ldc) {
-  if (m > 0 && n > 0 && k > 0) product(ta, tb, m, n, k, a, lda, b, ldb, false, c, ldc, bias);
-}
-
-void round_to_bf16_avx512(const float* src, bfloat16* dst, int64_t n) {
-  // bfloat16::round_from on 16 lanes: add 0x7fff plus the lowest kept bit,
-  // keep the top half; NaN keeps its top half with the quiet bit set.
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), infinity = _mm512_set1_epi32(0x7f800000);
-  const int64_t vectors = n / 16;
-  for (int64_t v = 0; v < vectors; ++v) {
-    const __m512i u = _mm512_loadu_si512(src + 16 * v);
-    const __m512i top = _mm512_srli_epi32(u, 16);
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(top, one))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, magnitude), infinity);
-    const __m512i bits = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(top, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * v), _mm512_cvtepi32_epi16(bits));
-  }
-  for (int64_t i = 16 * vectors; i < n; ++i) dst[i] = bfloat16(src[i]);
 }
 
 }  // namespace mha::cpu

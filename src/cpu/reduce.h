@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "attention_params.h"
-#include "cpu/gemm.h"
+#include "cpu/layers/layers.h"
 #include "dtype_dispatch.h"
 
 namespace mha::cpu {

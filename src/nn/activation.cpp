@@ -59,33 +59,29 @@ Tensor chain(const Tensor& saved_x, const Tensor& dy_in, DType out, const char* 
   return dx;
 }
 
-cpu::ActivationKind kind_of(uint8_t function) { return cpu::ActivationKind(function); }
-
-// Error messages name the layer as users know it.
-std::string name_of(cpu::ActivationKind kind, const char* method) {
-  return std::string(kind == cpu::ActivationKind::relu ? "mha::nn::ReLU::" : "mha::nn::GELU::") + method;
-}
+// Error messages name the layer as users know it (by kind: relu, gelu, gelu_tanh).
+constexpr const char* kForwardName[] = {"mha::nn::ReLU::forward", "mha::nn::GELU::forward", "mha::nn::GELU::forward"};
+constexpr const char* kBackwardName[] = {"mha::nn::ReLU::backward", "mha::nn::GELU::backward",
+                                         "mha::nn::GELU::backward"};
 
 }  // namespace
 
 Tensor Elementwise::forward(const Tensor& x, DType out) {
+  // Function mirrors cpu::ActivationKind (the public header cannot name it).
   static_assert(uint8_t(Function::relu) == uint8_t(cpu::ActivationKind::relu) &&
                 uint8_t(Function::gelu) == uint8_t(cpu::ActivationKind::gelu) &&
                 uint8_t(Function::gelu_tanh) == uint8_t(cpu::ActivationKind::gelu_tanh));
-  const cpu::ActivationKind kind = kind_of(uint8_t(function_));
-  Tensor y = map(x, out, name_of(kind, "forward").c_str(), kind);
+  Tensor y = map(x, out, kForwardName[size_t(function_)], cpu::ActivationKind(function_));
   saved_x_ = x.contiguous();
   return y;
 }
 
 Tensor Elementwise::backward(const Tensor& dy, DType out) {
-  const cpu::ActivationKind kind = kind_of(uint8_t(function_));
-  return chain(saved_x_, dy, out, name_of(kind, "backward").c_str(), kind);
+  return chain(saved_x_, dy, out, kBackwardName[size_t(function_)], cpu::ActivationKind(function_));
 }
 
 Tensor Elementwise::backward(const Tensor& dy, Tensor& bias_grad, DType out) {
-  const cpu::ActivationKind kind = kind_of(uint8_t(function_));
-  return chain(saved_x_, dy, out, name_of(kind, "backward").c_str(), kind, &bias_grad);
+  return chain(saved_x_, dy, out, kBackwardName[size_t(function_)], cpu::ActivationKind(function_), &bias_grad);
 }
 
 }  // namespace mha::nn

@@ -1,7 +1,7 @@
 // Precision names, bfloat16 copies of activations and the weight cache.
 #include "nn/mixed_precision.h"
 
-#include "cpu/gemm.h"
+#include "cpu/layers/layers.h"
 
 namespace mha::nn {
 

@@ -66,16 +66,15 @@ void add_partials(const float* partial, int64_t blocks, int64_t n, float* out) {
 
 namespace {
 
-// The kernel table's entry for an output of type Out (float, or bfloat16 as its bits).
-auto activation_rows_of(const LayerKernels& k, float*) { return k.activation_rows; }
-auto activation_rows_of(const LayerKernels& k, uint16_t*) { return k.activation_rows_bf16; }
-auto activation_backward_rows_of(const LayerKernels& k, float*) { return k.activation_backward_rows; }
-auto activation_backward_rows_of(const LayerKernels& k, uint16_t*) { return k.activation_backward_rows_bf16; }
-
+// Out: float, or uint16_t (bfloat16's bits), each with its entry of the kernel table.
 template <class Out>
 void activation_forward_to(ActivationKind kind, const float* x, const float* bias, float* pre, Out* y, int64_t rows,
                            int64_t cols) {
-  const auto rows_kernel = activation_rows_of(kernels(), y);
+  const LayerKernels& k = kernels();
+  const auto rows_kernel = [&] {
+    if constexpr (std::is_same_v<Out, float>) return k.activation_rows;
+    else return k.activation_rows_bf16;
+  }();
   const Blocks b = blocks_of(rows);
   for_blocks(b, rows, rows * cols * 16,
              [&](int64_t, int64_t begin, int64_t end) { rows_kernel(kind, x, bias, pre, y, begin, end, cols); });
@@ -84,7 +83,11 @@ void activation_forward_to(ActivationKind kind, const float* x, const float* bia
 template <class Out>
 void activation_backward_to(ActivationKind kind, const float* x, const float* dy, Out* dx, float* dbias, int64_t rows,
                             int64_t cols) {
-  const auto rows_kernel = activation_backward_rows_of(kernels(), dx);
+  const LayerKernels& k = kernels();
+  const auto rows_kernel = [&] {
+    if constexpr (std::is_same_v<Out, float>) return k.activation_backward_rows;
+    else return k.activation_backward_rows_bf16;
+  }();
   const Blocks b = blocks_of(rows);
   float* partial = dbias ? scratch<float>(ScratchSlot::layer_a, b.count * cols) : nullptr;
   if (partial) std::fill(partial, partial + b.count * cols, 0.0f);
@@ -225,6 +228,18 @@ void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
 }
 void add_column_sums(const bfloat16* x, int64_t rows, int64_t cols, float* out) {
   add_column_sums_of(reinterpret_cast<const uint16_t*>(x), rows, cols, out);
+}
+
+void round_to_bf16_here(const float* src, bfloat16* dst, int64_t n) {
+  kernels().round_range(src, reinterpret_cast<uint16_t*>(dst), n);
+}
+
+void round_to_bf16(const float* src, bfloat16* dst, int64_t n) {
+  const LayerKernels& k = kernels();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 18))
+  for (int64_t c = 0; c < chunks; ++c)
+    k.round_range(src + c * kChunk, reinterpret_cast<uint16_t*>(dst) + c * kChunk, std::min(kChunk, n - c * kChunk));
 }
 
 }  // namespace mha::cpu

@@ -346,6 +346,12 @@ inline void scale_range(float* x, int64_t n, float s) {
   for_vectors(n, [&](int64_t i, int lanes) { store_n(load_n(x + i, lanes) * f, x + i, lanes); });
 }
 
+// dst = src rounded to bfloat16 (its bits), as Vec::store_bf16 rounds.
+inline void round_range(const float* src, uint16_t* dst, int64_t n) {
+  using namespace layer_kernels;
+  for_vectors(n, [&](int64_t i, int lanes) { store_n(load_n(src + i, lanes), dst + i, lanes); });
+}
+
 // B float, or uint16_t: bfloat16 bits, widened exactly.
 template <class B>
 void add_range(const float* a, const B* b, float* out, int64_t n) {

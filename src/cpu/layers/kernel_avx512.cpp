@@ -13,7 +13,7 @@ const LayerKernels& layer_kernels_avx512() {
                               &avx512::layer_norm_rows, &avx512::layer_norm_backward_rows,
                               &avx512::cross_entropy_rows, &avx512::adamw_range, &avx512::sum_of_squares_range,
                               &avx512::scale_range, &avx512::add_range<float>, &avx512::add_range<uint16_t>,
-                              &avx512::finite_rows};
+                              &avx512::finite_rows, &avx512::round_range};
   return k;
 }
 

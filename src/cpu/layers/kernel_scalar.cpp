@@ -13,7 +13,7 @@ const LayerKernels& layer_kernels_scalar() {
                               &scalar::layer_norm_rows, &scalar::layer_norm_backward_rows,
                               &scalar::cross_entropy_rows, &scalar::adamw_range, &scalar::sum_of_squares_range,
                               &scalar::scale_range, &scalar::add_range<float>, &scalar::add_range<uint16_t>,
-                              &scalar::finite_rows};
+                              &scalar::finite_rows, &scalar::round_range};
   return k;
 }
 

@@ -23,6 +23,7 @@ struct LayerKernels {
   void (*add_range)(const float*, const float*, float*, int64_t);
   void (*add_range_bf16)(const float*, const uint16_t*, float*, int64_t);  // b widened from bfloat16
   bool (*finite_rows)(const float*, int64_t, int64_t, int64_t);
+  void (*round_range)(const float*, uint16_t*, int64_t);  // to bfloat16 (its bits)
 };
 
 const LayerKernels& layer_kernels_avx512();

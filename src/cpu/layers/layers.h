@@ -112,6 +112,11 @@ void add_column_sums(const float* x, int64_t rows, int64_t cols, float* out);
 // The same over bfloat16 x (each widened exactly): the same sums, in the same
 // order, as over a float32 copy of x.
 void add_column_sums(const bfloat16* x, int64_t rows, int64_t cols, float* out);
+// dst[i] = src[i] rounded to bfloat16 (nearest even, as bfloat16's
+// constructor; NaN stays NaN, quiet; denormals kept), on threads when n is large.
+void round_to_bf16(const float* src, bfloat16* dst, int64_t n);
+// The same on the calling thread (a row inside a parallel loop).
+void round_to_bf16_here(const float* src, bfloat16* dst, int64_t n);
 // out = a + b over n (out may be a or b).
 void add_arrays(const float* a, const float* b, float* out, int64_t n);
 // Whether rows × cols floats, rows `pitch` apart, hold no NaN and no infinity
