@@ -38,7 +38,7 @@ TEST(Tensor, AllocationIs64ByteAligned) {
 // Blocks with huge pages start on a 2 MiB boundary (cpu/allocator.h); not
 // under AddressSanitizer, which owns malloc.
 TEST(Tensor, LargeAllocationsStartOnHugePageBoundaries) {
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(MHA_ADDRESS_SANITIZER)
   for (int64_t floats : {(int64_t(3) << 20) / 4, int64_t(1) << 20, (int64_t(5) << 20) / 4 + 3, int64_t(9) << 20,
                          int64_t(300) << 10, int64_t(2) * 4 * 2040 * 64}) {
     Tensor t = Tensor::empty({floats}, DType::float32);
@@ -269,7 +269,7 @@ TEST(Random, MomentsAndDistinctStreams) {
 // least recently freed: three blocks of 112 MiB freed after three of 96 MiB
 // (more than 256 MiB each time) all come back, with what was written in them.
 TEST(Tensor, IdleBlocksPastTheCapEvictTheOldestFirst) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(MHA_ADDRESS_SANITIZER)
   GTEST_SKIP() << "the block cache is off under AddressSanitizer, so that use-after-free is caught";
 #else
   auto round = [](size_t mib, unsigned char mark) {
@@ -300,7 +300,7 @@ TEST(Tensor, IdleBlocksPastTheCapEvictTheOldestFirst) {
 // before; past 1.25 · 480 = 600 all three go, and it holds 32 less. Resident
 // pages from /proc (every block written whole).
 TEST(Tensor, AFreshBlockFreesIdleBlocksPastAQuarterOverThePeak) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(MHA_ADDRESS_SANITIZER)
   GTEST_SKIP() << "the block cache is off under AddressSanitizer, so that use-after-free is caught";
 #else
   const auto resident_mib = [] {
@@ -325,7 +325,7 @@ TEST(Tensor, AFreshBlockFreesIdleBlocksPastAQuarterOverThePeak) {
 }
 
 TEST(Tensor, LargeBlocksAreReusedAfterFree) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(MHA_ADDRESS_SANITIZER)
   GTEST_SKIP() << "the block cache is off under AddressSanitizer, so that use-after-free is caught";
 #else
   const void* first = nullptr;

@@ -1,6 +1,7 @@
 // Loss, optimizers, clipping and schedules against hand computations.
 #include <filesystem>
 
+#include "cpu/allocator.h"
 #include "mha/train/checkpoint.h"
 #include "mha/train/trainer.h"
 #include "testing.h"
@@ -340,6 +341,30 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
       EXPECT_EQ(max_abs_diff(end_state.exp_avg_sq[i], loaded.state->exp_avg_sq[i]), 0.0);
     EXPECT_EQ(end_state.data_offset, loaded.state->data_offset);
     std::filesystem::remove_all(dir);
+  }
+}
+
+// Memory for a shape met before comes from the blocks its last step freed: a
+// step after the first few at one (batch, length) takes no block from the
+// system (cpu/allocator.h), in either precision, Adam's moments included.
+TEST(Trainer, StepsAtAShapeMetBeforeTakeNoFreshMemory) {
+  if (!cpu::kHostBlockCache) GTEST_SKIP() << "the block cache is off under AddressSanitizer";
+  const train::TaskData data({.task = train::Task::copy, .min_length = 12, .max_length = 12, .heldout = 8}, 2);
+  for (Precision precision : {Precision::float32, Precision::bf16_mixed}) {
+    SCOPED_TRACE(to_string(precision));
+    Generator g(2);
+    LanguageModel network({.vocab_size = train::kVocab, .d_model = 64, .nhead = 4, .num_layers = 2,
+                           .dim_feedforward = 256, .precision = precision},
+                          g);
+    train::DecoderOnly model(network);
+    const int64_t steps = 12, settled = 3;
+    std::vector<size_t> made;  // blocks made by the end of each step
+    train::train(model, data, {.steps = steps, .batch_size = 16, .eval_every = 0, .stop_when_perfect = false},
+                 [&](const train::TrainProgress&) { made.push_back(cpu::host_blocks_made()); });
+    ASSERT_EQ(made.size(), size_t(steps));
+    EXPECT_GT(made[0], 0u) << "the first step's activations are blocks of 64 KiB and up";
+    // The last step evaluates the held-out set (other shapes) before it reports.
+    for (int64_t s = settled; s < steps - 1; ++s) EXPECT_EQ(made[s], made[settled - 1]) << "step " << s + 1;
   }
 }
 

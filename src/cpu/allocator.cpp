@@ -19,11 +19,7 @@ namespace mha::cpu {
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kCaching = false;
-#else
-constexpr bool kCaching = true;
-#endif
+constexpr bool kCaching = kHostBlockCache;
 constexpr size_t kLarge = size_t(1) << 16, kMinCap = size_t(256) << 20;
 
 // The size a cached block is made with: four classes an octave (2^k·{1,
@@ -109,7 +105,7 @@ void ask_huge(void* p, Cache::Block& block, size_t used) {
 }
 
 // peak resets (reset_host_bytes_peak); high_water, the cache's cap, never does.
-std::atomic<size_t> in_use{0}, peak{0}, high_water{0};
+std::atomic<size_t> in_use{0}, peak{0}, high_water{0}, blocks_made{0};
 
 void raise_to(std::atomic<size_t>& mark, size_t now) {
   for (size_t seen = mark.load(std::memory_order_relaxed);
@@ -122,6 +118,13 @@ void* handed_out(void* p) {
   const size_t now = in_use.fetch_add(malloc_usable_size(p), std::memory_order_relaxed) + malloc_usable_size(p);
   raise_to(peak, now);
   raise_to(high_water, now);
+  return p;
+}
+
+// A large block from the system, counted (host_blocks_made).
+void* fresh(size_t bytes) {
+  void* p = aligned(bytes);
+  blocks_made.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
 
@@ -144,6 +147,7 @@ void evict_for(Cache& c, size_t bytes, size_t cap) {
 
 size_t host_bytes_in_use() { return in_use.load(std::memory_order_relaxed); }
 size_t host_bytes_peak() { return peak.load(std::memory_order_relaxed); }
+size_t host_blocks_made() { return blocks_made.load(std::memory_order_relaxed); }
 void reset_host_bytes_peak() { peak.store(in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 size_t huge_page_extent(size_t used) {
@@ -154,7 +158,8 @@ size_t huge_page_extent(size_t used) {
 void* host_allocate(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
-  if (!kCaching || rounded < kLarge) return handed_out(aligned(rounded));
+  if (rounded < kLarge) return handed_out(aligned(rounded));
+  if (!kCaching) return handed_out(fresh(rounded));
   rounded = size_class(rounded);
   Cache& c = cache();
   {
@@ -178,7 +183,7 @@ void* host_allocate(size_t bytes) {
     const size_t hw = std::max(high_water.load(std::memory_order_relaxed), used);
     evict_for(c, used, hw + hw / 4);
   }
-  void* p = aligned(rounded);
+  void* p = fresh(rounded);
   std::lock_guard<std::mutex> lock(c.mutex);
   try {
     ask_huge(p, c.size_of[p] = {rounded, 0}, bytes);
