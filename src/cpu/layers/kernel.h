@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "cpu/layers/kernels.h"
 #include "cpu/layers/layers.h"
 #include "cpu/simd/vec.h"
 
@@ -357,6 +358,15 @@ template <class B>
 void add_range(const float* a, const B* b, float* out, int64_t n) {
   using namespace layer_kernels;
   for_vectors(n, [&](int64_t i, int lanes) { store_n(load_n(a + i, lanes) + load_n(b + i, lanes), out + i, lanes); });
+}
+
+// This instruction set's entries, in the order of kernels.h's table (one
+// list for every kernel_<isa>.cpp).
+inline LayerKernels kernel_table() {
+  return {&activation_rows<float>, &activation_backward_rows<float>, &activation_rows<uint16_t>,
+          &activation_backward_rows<uint16_t>, &layer_norm_rows, &layer_norm_backward_rows, &cross_entropy_rows,
+          &adamw_range, &sum_of_squares_range, &scale_range, &add_range<float>, &add_range<uint16_t>,
+          &finite_rows, &round_range};
 }
 
 }  // namespace mha::cpu::MHA_ISA_NAMESPACE
