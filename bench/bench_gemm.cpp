@@ -13,10 +13,11 @@
 // chose, or MHA_BF16_GEMM says), counted at the same 2·M·N·K FLOPs. A fifth times
 // BLIS 0.9 (Debian's libblis4-openmp, on OpenMP's threads) where it is
 // installed: loaded with dlopen and RTLD_LOCAL, so that its CBLAS and BLAS
-// symbols cannot take the place of OpenBLAS's in this process; on AVX-512
-// CPUs with BLIS_ARCH_TYPE=skx unless set (BLIS 0.9 cannot count the FMA
-// units of newer Xeons and falls back to its 256-bit haswell kernels); 0.0
-// where it is not installed.
+// symbols cannot take the place of OpenBLAS's in this process; on the
+// instruction set mha's kernels run (BLIS 0.9 cannot count the FMA units of
+// newer Xeons and falls back to its 256-bit haswell kernels there, and with
+// MHA_ISA=avx2 the comparison is between 256-bit kernels) unless
+// BLIS_ARCH_TYPE is set; 0.0 where it is not installed.
 //   build/bench/bench_gemm [--reps 7]
 #include <cblas.h>
 #include <dlfcn.h>
@@ -43,8 +44,11 @@ using BliSgemm = void (*)(int transa, int transb, int64_t m, int64_t n, int64_t 
                           float* c, int64_t rsc, int64_t csc);
 constexpr int kBlisTranspose = 1 << 3;
 
-BliSgemm load_blis() {
-  if (__builtin_cpu_supports("avx512f")) setenv("BLIS_ARCH_TYPE", "skx", 0);
+// BLIS 0.9 reads BLIS_ARCH_TYPE as the number of its arch_t, through atoi:
+// 0 skx, 3 haswell (6 zen3). A name reads as 0: "haswell" ran the skx kernels
+// on an AVX-512 Zen 5 (BLIS_ARCH_DEBUG=1 names the sub-configuration).
+BliSgemm load_blis(mha::cpu::Isa isa) {
+  if (isa != mha::cpu::Isa::scalar) setenv("BLIS_ARCH_TYPE", isa == mha::cpu::Isa::avx512 ? "0" : "3", 0);
   void* lib = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return nullptr;
   if (auto set_threads = reinterpret_cast<void (*)(int64_t)>(dlsym(lib, "bli_thread_set_num_threads")))
@@ -68,8 +72,8 @@ int main(int argc, char** argv) try {
                             {"mid", 16 * 131, 256, 1024},
                             {"wide", 8 * 509, 512, 2048},
                             {"long", 2 * 2039, 256, 1024}};
-  const BliSgemm blis_sgemm = load_blis();
   const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
+  const BliSgemm blis_sgemm = load_blis(cpu::active_isa());
   std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s, the layers' products: %s\n", bench::cpu_name().c_str(),
               omp_get_max_threads(), openblas_get_corename(), avx512 ? "avx512" : "avx2",
               cpu::to_string(cpu::sgemm_backend()).c_str());
