@@ -17,14 +17,22 @@ namespace {
 
 constexpr long kIterations = 50'000'000;
 
+// Best of five timings (about 0.1 s each on the development VMs): a
+// neighbour on the shared host can only slow a window down, and one window
+// alone once read 346 GFLOP/s where the others that hour read 443–528, which
+// put a mid training step at "97% of the peak".
 double run(int threads, cpu::FmaKind kind) {
   if (!cpu::fma_supported(kind)) return 0.0;
   volatile float sink = cpu::fma_chains(kind, kIterations / 20);  // warm up the clock
-  const auto t0 = std::chrono::steady_clock::now();
+  double best = 0.0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
-  { sink = sink + cpu::fma_chains(kind, kIterations); }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return cpu::fma_iteration_flops(kind) * double(kIterations) * threads / seconds / 1e9;
+    { sink = sink + cpu::fma_chains(kind, kIterations); }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, cpu::fma_iteration_flops(kind) * double(kIterations) * threads / seconds / 1e9);
+  }
+  return best;
 }
 
 }  // namespace

@@ -4,9 +4,9 @@
 namespace mha::bench {
 
 // GFLOP/s of float32 FMAs (2 flops each) on `threads` threads, with 512-bit
-// vectors when avx512 is true, else 256-bit.
+// vectors when avx512 is true, else 256-bit; the best of five timings.
 double fma_peak_gflops(int threads, bool avx512);
-// GFLOP/s of AVX512-BF16 dot products (_mm512_dpbf16_ps: 64 flops each); 0 without AVX512-BF16.
+// GFLOP/s of AVX512-BF16 dot products (_mm512_dpbf16_ps: 64 flops each), the best of five; 0 without AVX512-BF16.
 double bf16_peak_gflops(int threads);
 // GB/s (bytes read plus bytes written) of a copy between two 128 MiB buffers,
 // each thread its share, best of five: the memory bandwidth a step can have
