@@ -452,6 +452,34 @@ TEST(Init, XavierHeAndNormalHaveTheirScales) {
   EXPECT_THROW(parse_init("glorot"), ValueError);
 }
 
+// A config no loop can run with is refused by name before the first step
+// (a negative warmup used to train on; a clip of 0 failed only after the
+// first forward and backward), and the model is left as it was.
+TEST(Trainer, ABadConfigIsRefusedBeforeTheFirstStep) {
+  const train::TaskData data({.task = train::Task::copy, .min_length = 2, .max_length = 4, .heldout = 10}, 5);
+  Generator g(3);
+  train::DecoderOnly model(std::make_unique<LanguageModel>(small_model(), g));
+  const std::vector<double> before = model.named_parameters()[0].value->to_vector();
+  const train::TrainConfig good{.steps = 2, .batch_size = 4, .warmup = 1, .eval_every = 0};
+  const auto refused = [&](train::TrainConfig c, const char* field, const char* got) {
+    expect_error<ValueError>([&] { train::train(model, data, c); }, {"[mha::train::train]", field, got});
+  };
+  train::TrainConfig c = good;
+  c.steps = -1, refused(c, "config.steps: expected >= 0", "got -1");
+  c = good, c.batch_size = 0, refused(c, "config.batch_size: expected >= 1", "got 0");
+  c = good, c.accumulate = 0, refused(c, "config.accumulate: expected >= 1", "got 0");
+  c = good, c.warmup = -3, refused(c, "config.warmup: expected >= 0", "got -3");
+  c = good, c.eval_every = -1, refused(c, "config.eval_every", "got -1");
+  c = good, c.checkpoint_every = -5, refused(c, "config.checkpoint_every", "got -5");
+  c = good, c.max_seconds = -1, refused(c, "config.max_seconds", "got -1");
+  c = good, c.lr = NAN, refused(c, "config.lr: expected >= 0", "got nan");
+  c = good, c.min_lr = -1e-3, refused(c, "config.min_lr: expected >= 0", "got -0.001");
+  c = good, c.weight_decay = -0.1, refused(c, "config.weight_decay: expected >= 0", "got -0.1");
+  c = good, c.clip = 0, refused(c, "config.clip: expected > 0", "got 0");
+  EXPECT_EQ(model.named_parameters()[0].value->to_vector(), before);
+  EXPECT_NO_THROW(train::train(model, data, good));
+}
+
 TEST(Trainer, ANonFiniteStepStopsBeforeTheUpdateNamingTheParameter) {
   const train::TaskConfig task{.task = train::Task::copy, .min_length = 2, .max_length = 4, .heldout = 10};
   const train::TaskData data(task, 5);

@@ -122,6 +122,19 @@ TEST(Digits, AShortTrainingRunLearns) {
   EXPECT_GT(r.heldout_exact_match, 0.6);
 }
 
+// The digits loop checks its config as train() does, and an empty training
+// set is refused (its batches draw indices modulo the set's size).
+TEST(Digits, ABadConfigOrNoImagesAreRefused) {
+  Generator g(1);
+  VisionTransformer vit({.patch = 4, .d_model = 8, .nhead = 2, .num_layers = 1, .dim_feedforward = 16}, g);
+  train::DigitSplit data = train::split_digits(train::load_digits(train::default_digits_path()), 360, 1);
+  expect_error<ValueError>([&] { train::train_digits(vit, data, {.steps = 2, .warmup = -1}); },
+                           {"[mha::train::train_digits]", "config.warmup: expected >= 0", "got -1"});
+  data.train = {};
+  expect_error<ValueError>([&] { train::train_digits(vit, data, {.steps = 2, .batch_size = 4}); },
+                           {"[mha::train::train_digits]", "data.train: expected at least one image", "got none"});
+}
+
 // The axial ViT (2 × 2 patches: a 4 × 4 grid, rows then columns) learns too.
 TEST(Digits, AShortAxialTrainingRunLearns) {
   const train::DigitSplit data = train::split_digits(train::load_digits(train::default_digits_path()), 360, 1);

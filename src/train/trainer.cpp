@@ -153,14 +153,30 @@ bool finish_step(const TrainConfig& c, int64_t step, double loss, int64_t count,
   return last || (c.stop_when_perfect && p.heldout_exact_match >= 1.0);
 }
 
+void check_train_config(const TrainConfig& c, const char* fn) {
+  const auto at_least = [fn](const char* field, auto value, auto low, const char* expected) {
+    if (!(value >= low)) raise<ValueError>(fn, field, expected, std::to_string(value));
+  };
+  at_least("config.steps", c.steps, 0, ">= 0");
+  at_least("config.batch_size", c.batch_size, 1, ">= 1");
+  at_least("config.accumulate", c.accumulate, 1, ">= 1");
+  at_least("config.warmup", c.warmup, 0, ">= 0");
+  at_least("config.eval_every", c.eval_every, 0, ">= 0 (0: at the last step only)");
+  at_least("config.checkpoint_every", c.checkpoint_every, 0, ">= 0 (0: never)");
+  at_least("config.max_seconds", c.max_seconds, 0.0, ">= 0 (0: no limit)");
+  at_least("config.lr", c.lr, 0.0, ">= 0");
+  at_least("config.min_lr", c.min_lr, 0.0, ">= 0");
+  at_least("config.weight_decay", c.weight_decay, 0.0, ">= 0");
+  if (!(c.clip > 0)) raise<ValueError>(fn, "config.clip", "> 0 (the gradient norm's bound)", std::to_string(c.clip));
+}
+
 TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& c,
                   const std::function<void(const TrainProgress&)>& on_progress, TrainState* state,
                   const std::function<void(const TrainState&)>& on_checkpoint, const GradientFn& gradients,
                   const std::vector<nn::NamedParameter>& extra) {
   using clock = std::chrono::steady_clock;
   const char* fn = "mha::train::train";
-  if (c.accumulate < 1) raise<ValueError>(fn, "config.accumulate", ">= 1", std::to_string(c.accumulate));
-  if (c.batch_size < 1) raise<ValueError>(fn, "config.batch_size", ">= 1", std::to_string(c.batch_size));
+  check_train_config(c, fn);
   Generator gen(c.seed);
   std::vector<nn::NamedParameter> params = model.named_parameters();
   params.insert(params.end(), extra.begin(), extra.end());

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "check.h"
 #include "mha/nn/loss.h"
 #include "mha/optim.h"
 
@@ -43,6 +44,10 @@ double classification_accuracy(nn::VisionTransformer& model, const DigitImages& 
 TrainResult train_digits(nn::VisionTransformer& model, const DigitSplit& data, const TrainConfig& c,
                          const std::function<void(const TrainProgress&)>& on_progress) {
   using clock = std::chrono::steady_clock;
+  const char* fn = "mha::train::train_digits";
+  check_train_config(c, fn);
+  if (data.train.size() == 0 && c.steps > 0)  // (batches draw indices modulo its size)
+    raise<ValueError>(fn, "data.train", "at least one image to train on", "none");
   Generator gen(c.seed);
   std::vector<nn::NamedParameter> params = model.named_parameters();
   optim::AdamW opt(params, {.lr = c.lr, .weight_decay = c.weight_decay});
@@ -59,7 +64,7 @@ TrainResult train_digits(nn::VisionTransformer& model, const DigitSplit& data, c
     model.zero_grad();
     const nn::CrossEntropyResult loss = nn::cross_entropy(model.forward(images), labels_tensor(data.train, index));
     model.backward(loss.dlogits);
-    guard_step("mha::train::train_digits", step + 1, loss.loss, optim::clip_grad_norm(params, c.clip), params);
+    guard_step(fn, step + 1, loss.loss, optim::clip_grad_norm(params, c.clip), params);
     opt.step();
     seconds += std::chrono::duration<double>(clock::now() - t0).count();
     tokens += double(c.batch_size * tokens_per_image);

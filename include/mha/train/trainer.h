@@ -96,6 +96,13 @@ TrainResult train(TaskModel& model, const TaskData& data, const TrainConfig& con
                   const std::function<void(const TrainState&)>& on_checkpoint = {}, const GradientFn& gradients = {},
                   const std::vector<nn::NamedParameter>& extra = {});
 
+// Throws ValueError naming `fn` and the field when `config` holds a value no
+// training loop can run with: steps, warmup, eval_every, checkpoint_every or
+// max_seconds below 0, batch_size or accumulate below 1, lr or min_lr below 0,
+// clip not above 0, weight_decay below 0 (NaN fails every one of these). Every
+// training loop calls it before its first step.
+void check_train_config(const TrainConfig& config, const char* fn);
+
 // The bookkeeping every training loop shares, after step `step` (0-based):
 // fills a TrainProgress from the step's loss and the running totals, calls
 // evaluate() (the held-out metric) every eval_every steps and at the last
