@@ -320,9 +320,12 @@ int run_viz(const std::string& checkpoint, const std::string& input, const std::
 
 int run_generate(const std::string& checkpoint, const std::string& input, int64_t max_new,
                  const train::LoadOptions& options) {
+  if (max_new < 0)
+    throw ValueError("[mha generate] --max-new: expected >= 0 (0: twice the input's tokens, plus 2); got " +
+                     std::to_string(max_new));
   train::LoadedCheckpoint loaded = load(checkpoint, options);
   const std::vector<int64_t> tokens = train::parse_tokens(input, "mha generate");
-  if (max_new <= 0) max_new = 2 * int64_t(tokens.size()) + 2;
+  if (max_new == 0) max_new = 2 * int64_t(tokens.size()) + 2;
   const std::vector<int64_t> output = train::answer(loaded, tokens, max_new, "mha generate");
   std::printf("%s\n", train::format_tokens(output).c_str());
   return 0;
