@@ -72,8 +72,9 @@ int main(int argc, char** argv) try {
                             {"mid", 16 * 131, 256, 1024},
                             {"wide", 8 * 509, 512, 2048},
                             {"long", 2 * 2039, 256, 1024}};
-  const bool avx512 = cpu::active_isa() == cpu::Isa::avx512;
-  const BliSgemm blis_sgemm = load_blis(cpu::active_isa());
+  const cpu::Isa isa = cpu::active_isa();
+  const bool avx512 = isa == cpu::Isa::avx512;
+  const BliSgemm blis_sgemm = load_blis(isa);
   std::printf("# %s, %d threads, OpenBLAS core %s, mha kernel %s, the layers' products: %s\n", bench::cpu_name().c_str(),
               omp_get_max_threads(), openblas_get_corename(), avx512 ? "avx512" : "avx2",
               cpu::to_string(cpu::sgemm_backend()).c_str());

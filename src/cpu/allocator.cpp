@@ -19,7 +19,6 @@ namespace mha::cpu {
 
 namespace {
 
-constexpr bool kCaching = kHostBlockCache;
 constexpr size_t kLarge = size_t(1) << 16, kMinCap = size_t(256) << 20;
 
 // The size a cached block is made with: four classes an octave (2^k·{1,
@@ -63,7 +62,7 @@ constexpr size_t kHuge = size_t(2) << 20;
 // could hold huge pages (a cached block serves any request of its size
 // class), so that ask_huge can give them to whichever request it serves.
 void* aligned(size_t bytes) {
-  if (kCaching && huge_page_extent(bytes) > 0)
+  if (kHostBlockCache && huge_page_extent(bytes) > 0)
     if (void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge)) return p;
   void* p = std::aligned_alloc(64, bytes);
   if (!p)
@@ -159,7 +158,7 @@ void* host_allocate(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
   if (rounded < kLarge) return handed_out(aligned(rounded));
-  if (!kCaching) return handed_out(fresh(rounded));
+  if (!kHostBlockCache) return handed_out(fresh(rounded));
   rounded = size_class(rounded);
   Cache& c = cache();
   {
@@ -197,7 +196,7 @@ void* host_allocate(size_t bytes) {
 void host_free(void* ptr) {
   if (!ptr) return;
   in_use.fetch_sub(malloc_usable_size(ptr), std::memory_order_relaxed);
-  if (kCaching) {
+  if (kHostBlockCache) {
     Cache& c = cache();
     std::unique_lock<std::mutex> lock(c.mutex);
     auto it = c.size_of.find(ptr);
