@@ -18,7 +18,7 @@
 // newer Xeons and falls back to its 256-bit haswell kernels there, and with
 // MHA_ISA=avx2 the comparison is between 256-bit kernels) unless
 // BLIS_ARCH_TYPE is set; 0.0 where it is not installed.
-//   build/bench/bench_gemm [--reps 7]
+//   build/bench/bench_gemm [--reps 7] [--config mid] [--product "ff1 dW"]
 #include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
@@ -63,6 +63,10 @@ int main(int argc, char** argv) try {
   CLI::App app{"float32 GEMM at a training step's shapes: mha's kernel against OpenBLAS"};
   int reps = 7;
   app.add_option("--reps", reps, "Timed repetitions (median)")->capture_default_str();
+  std::string only;
+  app.add_option("--config", only, "Only this configuration's products (small, mid, wide or long; default all)");
+  std::string only_product;
+  app.add_option("--product", only_product, "Only this product (\"ff1 dW\", say; default all)");
   CLI11_PARSE(app, argc, argv);
   struct Config {
     const char* name;
@@ -84,6 +88,7 @@ int main(int argc, char** argv) try {
   std::printf("%-6s %-12s %6s %6s %6s %3s %3s %10s %10s %10s %10s %10s\n", "config", "product", "M", "N", "K", "tA", "tB",
               "mha GF/s", "BLAS GF/s", "split GF/s", "bf16 GF/s", "BLIS GF/s");
   for (const Config& c : configs) {
+    if (!only.empty() && only != c.name) continue;
     struct Product {
       const char* name;
       int64_t m, n, k;
@@ -96,6 +101,7 @@ int main(int argc, char** argv) try {
         {"ff2 dW", c.d, c.ff, c.rows, true, false},       {"out dW", c.d, c.d, c.rows, true, false},
     };
     for (const Product& p : products) {
+      if (!only_product.empty() && only_product != p.name) continue;
       std::vector<float> a(size_t(p.m * p.k), 0.01f), b(size_t(p.k * p.n), 0.02f), out(size_t(p.m * p.n), 0.0f);
       const int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
       auto ours = [&] {  // mha's kernel as the dispatch calls it (a weight gradient with n > m as its transpose)
