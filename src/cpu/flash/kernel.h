@@ -237,18 +237,18 @@ template <int MR, int NV, bool ACC>
 inline void micro_bf16(const uint32_t* A, int64_t ar, int64_t ak, const uint16_t* B, int64_t ldb, float* C,
                        int64_t ldc, int64_t K2) {
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = ACC ? _mm512_loadu_ps(C + r * ldc + v * W) : _mm512_setzero_ps();
+  MHA_UNROLL for (int r = 0; r < MR; ++r)
+    MHA_UNROLL for (int v = 0; v < NV; ++v) acc[r][v] = ACC ? _mm512_loadu_ps(C + r * ldc + v * W) : _mm512_setzero_ps();
   for (int64_t k = 0; k < K2; ++k) {
     __m512bh b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k * ldb + v * 2 * W);
-    for (int r = 0; r < MR; ++r) {
+    MHA_UNROLL for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k * ldb + v * 2 * W);
+    MHA_UNROLL for (int r = 0; r < MR; ++r) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(int(A[r * ar + k * ak]));
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+      MHA_UNROLL for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
   }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * W, acc[r][v]);
+  MHA_UNROLL for (int r = 0; r < MR; ++r)
+    MHA_UNROLL for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * W, acc[r][v]);
 }
 
 template <int NV, bool ACC>

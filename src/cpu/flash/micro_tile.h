@@ -50,21 +50,21 @@ template <int MR, int NV, bool ACC>
 inline void micro(const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb, float* C, int64_t ldc,
                   int64_t K) {
   Vec acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = Vec::zero();
+  MHA_UNROLL for (int r = 0; r < MR; ++r)
+    MHA_UNROLL for (int v = 0; v < NV; ++v) acc[r][v] = Vec::zero();
   if (ACC)
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < NV; ++v) __builtin_prefetch(C + r * ldc + v * W, 1, 3);
+    MHA_UNROLL for (int r = 0; r < MR; ++r)
+      MHA_UNROLL for (int v = 0; v < NV; ++v) __builtin_prefetch(C + r * ldc + v * W, 1, 3);
   for (int64_t k = 0; k < K; ++k) {
     Vec b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = Vec::load(B + k * ldb + v * W);
-    for (int r = 0; r < MR; ++r) {
+    MHA_UNROLL for (int v = 0; v < NV; ++v) b[v] = Vec::load(B + k * ldb + v * W);
+    MHA_UNROLL for (int r = 0; r < MR; ++r) {
       const Vec a = Vec::set1(A[r * ar + k * ak]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
+      MHA_UNROLL for (int v = 0; v < NV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
     }
   }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) (ACC ? acc[r][v] + Vec::load(C + r * ldc + v * W) : acc[r][v]).store(C + r * ldc + v * W);
+  MHA_UNROLL for (int r = 0; r < MR; ++r)
+    MHA_UNROLL for (int v = 0; v < NV; ++v) (ACC ? acc[r][v] + Vec::load(C + r * ldc + v * W) : acc[r][v]).store(C + r * ldc + v * W);
 }
 
 template <int MR, int NV, bool ACC>

@@ -149,23 +149,23 @@ template <bool ACC, bool kRowMajor>
 inline void micro_packed(const float* A, int64_t a_step, const float* P, int64_t p_step, float* C, int64_t ldc,
                          int64_t depth, const float* init) {
   Vec acc[kGemmRows][kNV];
-  for (int v = 0; v < kNV; ++v) {
+  MHA_UNROLL for (int v = 0; v < kNV; ++v) {
     const Vec start = init ? Vec::load(init + v * W) : Vec::zero();
-    for (int r = 0; r < kGemmRows; ++r) acc[r][v] = start;
+    MHA_UNROLL for (int r = 0; r < kGemmRows; ++r) acc[r][v] = start;
   }
   if (ACC)
-    for (int r = 0; r < kGemmRows; ++r)
-      for (int v = 0; v < kNV; ++v) __builtin_prefetch(C + r * ldc + v * W, 1, 3);
+    MHA_UNROLL for (int r = 0; r < kGemmRows; ++r)
+      MHA_UNROLL for (int v = 0; v < kNV; ++v) __builtin_prefetch(C + r * ldc + v * W, 1, 3);
   for (int64_t k = 0; k < depth; ++k, P += p_step) {
     Vec b[kNV];
-    for (int v = 0; v < kNV; ++v) b[v] = Vec::load(P + v * W);
-    for (int r = 0; r < kGemmRows; ++r) {
+    MHA_UNROLL for (int v = 0; v < kNV; ++v) b[v] = Vec::load(P + v * W);
+    MHA_UNROLL for (int r = 0; r < kGemmRows; ++r) {
       const Vec a = Vec::set1(kRowMajor ? A[r * kDepth + k] : A[k * a_step + r]);
-      for (int v = 0; v < kNV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
+      MHA_UNROLL for (int v = 0; v < kNV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
     }
   }
-  for (int r = 0; r < kGemmRows; ++r)
-    for (int v = 0; v < kNV; ++v) (ACC ? acc[r][v] + Vec::load(C + r * ldc + v * W) : acc[r][v]).store(C + r * ldc + v * W);
+  MHA_UNROLL for (int r = 0; r < kGemmRows; ++r)
+    MHA_UNROLL for (int v = 0; v < kNV; ++v) (ACC ? acc[r][v] + Vec::load(C + r * ldc + v * W) : acc[r][v]).store(C + r * ldc + v * W);
 }
 
 // C rows [0, here) × columns [0, width) (row stride ldc) (+)= one group of
@@ -203,27 +203,27 @@ inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t wi
 inline void skinny_block(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t k, int64_t rows,
                          int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   Vec acc[4][4];
-  for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = Vec::zero();
+  MHA_UNROLL for (int r = 0; r < 4; ++r)
+    MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = Vec::zero();
   const float* ar[4];
   const float* wr[4];
-  for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
-  for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
+  MHA_UNROLL for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
+  MHA_UNROLL for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
   int64_t kk = 0;
   for (; kk + W <= k; kk += W) {
     Vec av[4], wv[4];
-    for (int r = 0; r < 4; ++r) av[r] = Vec::load(ar[r] + kk);
-    for (int j = 0; j < 4; ++j) wv[j] = Vec::load(wr[j] + kk);
-    for (int r = 0; r < 4; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
+    MHA_UNROLL for (int r = 0; r < 4; ++r) av[r] = Vec::load(ar[r] + kk);
+    MHA_UNROLL for (int j = 0; j < 4; ++j) wv[j] = Vec::load(wr[j] + kk);
+    MHA_UNROLL for (int r = 0; r < 4; ++r)
+      MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
   }
   if (kk < k) {
     const int n = int(k - kk);
     Vec av[4], wv[4];
-    for (int r = 0; r < 4; ++r) av[r] = Vec::load_partial(ar[r] + kk, n);
-    for (int j = 0; j < 4; ++j) wv[j] = Vec::load_partial(wr[j] + kk, n);
-    for (int r = 0; r < 4; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
+    MHA_UNROLL for (int r = 0; r < 4; ++r) av[r] = Vec::load_partial(ar[r] + kk, n);
+    MHA_UNROLL for (int j = 0; j < 4; ++j) wv[j] = Vec::load_partial(wr[j] + kk, n);
+    MHA_UNROLL for (int r = 0; r < 4; ++r)
+      MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
   }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; ++j) {
