@@ -32,6 +32,7 @@
 #include "cpu/gemm.h"
 #include "cpu/gemm_bf16_scaled.h"
 #include "cpu/scratch.h"
+#include "cpu/simd/unroll.h"
 
 namespace mha::cpu {
 
@@ -53,21 +54,21 @@ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 template <bool ACC>
 void micro(const uint32_t* A, const uint32_t* P, float* C, int64_t ldc, int64_t depth, const float* bias = nullptr) {
   __m512 acc[kRowsMicro][kVectors];
-  for (int r = 0; r < kRowsMicro; ++r)
-    for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
+  MHA_UNROLL for (int r = 0; r < kRowsMicro; ++r)
+    MHA_UNROLL for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
   if (ACC)
-    for (int r = 0; r < kRowsMicro; ++r)
-      for (int v = 0; v < kVectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + v * kLanes), _MM_HINT_T0);
+    MHA_UNROLL for (int r = 0; r < kRowsMicro; ++r)
+      MHA_UNROLL for (int v = 0; v < kVectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + v * kLanes), _MM_HINT_T0);
   for (int64_t q = 0; q < depth; ++q, A += kRowsMicro, P += kPanel) {
     __m512bh b[kVectors];
-    for (int v = 0; v < kVectors; ++v) b[v] = (__m512bh)_mm512_loadu_si512(P + v * kLanes);
-    for (int r = 0; r < kRowsMicro; ++r) {
+    MHA_UNROLL for (int v = 0; v < kVectors; ++v) b[v] = (__m512bh)_mm512_loadu_si512(P + v * kLanes);
+    MHA_UNROLL for (int r = 0; r < kRowsMicro; ++r) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(int(A[r]));
-      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+      MHA_UNROLL for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
   }
-  for (int r = 0; r < kRowsMicro; ++r)
-    for (int v = 0; v < kVectors; ++v) {
+  MHA_UNROLL for (int r = 0; r < kRowsMicro; ++r)
+    MHA_UNROLL for (int v = 0; v < kVectors; ++v) {
       float* out = C + r * ldc + v * kLanes;
       if (ACC) _mm512_storeu_ps(out, _mm512_add_ps(acc[r][v], _mm512_loadu_ps(out)));
       else _mm512_storeu_ps(out, bias ? _mm512_add_ps(acc[r][v], _mm512_loadu_ps(bias + v * kLanes)) : acc[r][v]);
@@ -239,18 +240,18 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
 void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows,
                   int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   __m512 acc[4][4];
-  for (auto& row : acc)
-    for (__m512& x : row) x = _mm512_setzero_ps();
+  MHA_UNROLL for (auto& row : acc)
+    MHA_UNROLL for (__m512& x : row) x = _mm512_setzero_ps();
   const uint16_t* ar[4];
   const uint16_t* wr[4];
-  for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
-  for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
+  MHA_UNROLL for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
+  MHA_UNROLL for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
   const auto step = [&](int64_t kk, auto load) {
     __m512bh av[4], wv[4];
-    for (int r = 0; r < 4; ++r) av[r] = (__m512bh)load(ar[r] + kk);
-    for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)load(wr[j] + kk);
-    for (int r = 0; r < 4; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], wv[j]);
+    MHA_UNROLL for (int r = 0; r < 4; ++r) av[r] = (__m512bh)load(ar[r] + kk);
+    MHA_UNROLL for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)load(wr[j] + kk);
+    MHA_UNROLL for (int r = 0; r < 4; ++r)
+      MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], wv[j]);
   };
   // Plain loads but for the last step: a masked 16-bit load (vmovdqu16 with
   // a mask) halved the loop's rate on Zen 5, 3.8 against 1.8 ms for a

@@ -381,20 +381,20 @@ inline void weighted_rows(const float* p, const T* values, int64_t v_row, int64_
     else return row_vec(row + e0 + u * W);
   };
   Vec acc[kSets][V];
-  for (int t = 0; t < kSets; ++t)
-    for (int u = 0; u < V; ++u) acc[t][u] = Vec::zero();
+  MHA_UNROLL for (int t = 0; t < kSets; ++t)
+    MHA_UNROLL for (int u = 0; u < V; ++u) acc[t][u] = Vec::zero();
   int64_t j = lo;
   for (; j + kSets <= hi; j += kSets)
-    for (int t = 0; t < kSets; ++t) {
+    MHA_UNROLL for (int t = 0; t < kSets; ++t) {
       const Vec pj = Vec::set1(p[j + t]);
       const T* row = values + (j + t) * v_row;
-      for (int u = 0; u < V; ++u) acc[t][u] = fma(pj, part(row, u), acc[t][u]);
+      MHA_UNROLL for (int u = 0; u < V; ++u) acc[t][u] = fma(pj, part(row, u), acc[t][u]);
     }
   for (; j < hi; ++j) {
     const Vec pj = Vec::set1(p[j]);
-    for (int u = 0; u < V; ++u) acc[0][u] = fma(pj, part(values + j * v_row, u), acc[0][u]);
+    MHA_UNROLL for (int u = 0; u < V; ++u) acc[0][u] = fma(pj, part(values + j * v_row, u), acc[0][u]);
   }
-  for (int u = 0; u < V; ++u) {
+  MHA_UNROLL for (int u = 0; u < V; ++u) {
     const Vec x = (kSets == 2 ? acc[0][u] + acc[kSets - 1][u] : acc[0][u]) * scale;
     if constexpr (partial) x.store_partial(o + e0, lanes);
     else x.store(o + e0 + u * W);

@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/simd/unroll.h"
+
 #if defined(MHA_SIMD_AVX512) || defined(MHA_SIMD_AVX2)
 #include <immintrin.h>
 #endif
@@ -43,18 +45,6 @@
 #error "define MHA_ISA_NAMESPACE before including cpu/simd/vec.h"
 #endif
 
-// Before each loop over a register tile (an array of Vec indexed by loop
-// counters with constant trip counts): the loop is unrolled completely early,
-// where GCC's scalar replacement of aggregates still sees it, and the array
-// becomes registers. Left to -O3, these loops were unrolled only after that
-// pass, and the arrays lived on the stack at the tiles' ends: each micro-tile
-// zeroed its 12-24 accumulators there, stored them there after its loop and
-// read them back to write C (31-49 vector loads and stores against the stack
-// in each of the attention's micro-tiles, now none; 603 -> 80 in the AVX-512
-// sgemm's group_into, whose edge tiles live on the stack by design).
-#ifndef MHA_UNROLL
-#define MHA_UNROLL _Pragma("GCC unroll 64")
-#endif
 
 namespace mha::cpu::MHA_ISA_NAMESPACE {
 
