@@ -262,8 +262,11 @@ void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw
     const __mmask32 lanes = __mmask32((uint64_t(1) << (k - kk)) - 1);
     step(kk, [lanes](const uint16_t* p) { return _mm512_maskz_loadu_epi16(lanes, p); });
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) {
+  // The tile's elements by constant indices (a run-time index would keep
+  // acc on the stack, zeroed and stored there around the loop).
+  MHA_UNROLL for (int r = 0; r < 4; ++r)
+    MHA_UNROLL for (int j = 0; j < 4; ++j) {
+      if (r >= rows || j >= cols) continue;
       const float dot = alpha * _mm512_reduce_add_ps(acc[r][j]);
       float* out = c + r * ldc + j;
       *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);

@@ -225,8 +225,11 @@ inline void skinny_block(const float* a, int64_t lda, const float* w, int64_t ld
     MHA_UNROLL for (int r = 0; r < 4; ++r)
       MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) {
+  // The tile's elements by constant indices (a run-time index would keep
+  // acc on the stack, zeroed and stored there around the loop).
+  MHA_UNROLL for (int r = 0; r < 4; ++r)
+    MHA_UNROLL for (int j = 0; j < 4; ++j) {
+      if (r >= rows || j >= cols) continue;
       const float dot = alpha * reduce_add(acc[r][j]);
       float* out = c + r * ldc + j;
       *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);
