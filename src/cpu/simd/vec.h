@@ -45,7 +45,6 @@
 #error "define MHA_ISA_NAMESPACE before including cpu/simd/vec.h"
 #endif
 
-
 namespace mha::cpu::MHA_ISA_NAMESPACE {
 
 // 2^f on f in [-0.5, 0.5]: minimax polynomial (Cephes exp2f coefficients).
