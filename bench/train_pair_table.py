@@ -9,9 +9,10 @@ mha's layers one after another (then, with TORCH_CORETYPE set, the two PyTorch r
 again on that OpenBLAS core set). Round k of a configuration is the k-th line of each
 kind, and each ratio is taken within a round, between runs that ran back to back; the
 ratio shown is the median of the rounds' ratios, followed by each round's. Tokens/s are
-the medians each program printed; "% of peak" and "copy GB/s" are the ranges of mha's
-runs (the FMA peak and the memory bandwidth measured beside them); memory is the range
-of the peak resident memory each kind's steps added.
+the medians each program printed. "% of peak" is each kind's median GFLOP/s (the same
+FLOP count in both programs) over the median FMA peak that mha's runs measured beside
+them, mha's range in brackets; "copy GB/s" is the range of the memory bandwidth mha's
+runs measured; memory is the range of the peak resident memory each kind's steps added.
 """
 import collections
 import json
@@ -35,6 +36,12 @@ def tokens_of(runs):
 
 def mib_of(runs):
     return span([r["peak_extra_mib"] for r in runs]) if runs else "—"
+
+
+def percents(peak, *kinds):
+    """Each kind's median GFLOP/s as a percentage of peak, joined by " / "."""
+    return " / ".join(f"{100 * statistics.median(r['gflops'] for r in runs) / peak:.0f}" if runs else "—"
+                      for runs in kinds)
 
 
 def ratio(numerators, denominators):
@@ -61,7 +68,7 @@ def table(lines):
         if r["system"] != "mha" and core not in coretypes:
             coretypes.append(core)
     out = ["| config | PyTorch's OpenBLAS | mha tokens/s | PyTorch | mha / PyTorch | PyTorch + mha layers | "
-           "ratio to PyTorch | mha, % of peak | copy GB/s | memory mha / torch / torch+mha layers, MiB |",
+           "ratio to PyTorch | % of peak: mha (range) / PyTorch / + mha layers | copy GB/s | memory mha / torch / torch+mha layers, MiB |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs:
         mha = runs[(config, "mha", "detected")]
@@ -71,8 +78,10 @@ def table(lines):
             if not mha or not torch:
                 continue
             copy = [r["copy_gbs"] for r in mha if "copy_gbs" in r]
+            peak = statistics.median(r["peak_gflops"] for r in mha)
+            share = f"{percents(peak, mha)} ({span([r['percent_of_peak'] for r in mha])}) / {percents(peak, torch, layers)}%"
             out.append(f"| {config} | {core} | {tokens_of(mha)} | {tokens_of(torch)} | {ratio(mha, torch)} | {tokens_of(layers)} | "
-                       f"{ratio(layers, torch)} | {span([r['percent_of_peak'] for r in mha])}% | "
+                       f"{ratio(layers, torch)} | {share} | "
                        f"{span(copy, 1) if copy else '—'} | {mib_of(mha)} / {mib_of(torch)} / {mib_of(layers)} |")
     return out
 
