@@ -18,7 +18,11 @@
 // newer Xeons and falls back to its 256-bit haswell kernels there, and with
 // MHA_ISA=avx2 the comparison is between 256-bit kernels) unless
 // BLIS_ARCH_TYPE is set; 0.0 where it is not installed.
+// The decode1, decode2 and decode16 configurations time the forward products
+// of one decoding step of the mid model (d 256, ff 1024) for 1, 2 and 16
+// sequences: the skinny path of every backend (cpu/skinny.h).
 //   build/bench/bench_gemm [--reps 7] [--config mid] [--product "ff1 dW"]
+//   build/bench/bench_gemm --config decode2 --reps 301
 #include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
@@ -64,18 +68,20 @@ int main(int argc, char** argv) try {
   int reps = 7;
   app.add_option("--reps", reps, "Timed repetitions (median)")->capture_default_str();
   std::string only;
-  app.add_option("--config", only, "Only this configuration's products (small, mid, wide or long; default all)");
+  app.add_option("--config", only,
+                 "Only this configuration's products (small, mid, wide, long, decode1, decode2 or decode16; default all)");
   std::string only_product;
   app.add_option("--product", only_product, "Only this product (\"ff1 dW\", say; default all)");
   CLI11_PARSE(app, argc, argv);
   struct Config {
     const char* name;
     int64_t rows, d, ff;
+    bool forward_only = false;  // a decoding step: no backward
   };
-  const Config configs[] = {{"small", 32 * 43, 64, 256},
-                            {"mid", 16 * 131, 256, 1024},
-                            {"wide", 8 * 509, 512, 2048},
-                            {"long", 2 * 2039, 256, 1024}};
+  const Config configs[] = {{"small", 32 * 43, 64, 256},          {"mid", 16 * 131, 256, 1024},
+                            {"wide", 8 * 509, 512, 2048},         {"long", 2 * 2039, 256, 1024},
+                            {"decode1", 1, 256, 1024, true},      {"decode2", 2, 256, 1024, true},
+                            {"decode16", 16, 256, 1024, true}};
   const cpu::Isa isa = cpu::active_isa();
   const bool avx512 = isa == cpu::Isa::avx512;
   const BliSgemm blis_sgemm = load_blis(isa);
@@ -102,6 +108,7 @@ int main(int argc, char** argv) try {
     };
     for (const Product& p : products) {
       if (!only_product.empty() && only_product != p.name) continue;
+      if (c.forward_only && std::string(p.name).find("fwd") == std::string::npos) continue;
       std::vector<float> a(size_t(p.m * p.k), 0.01f), b(size_t(p.k * p.n), 0.02f), out(size_t(p.m * p.n), 0.0f);
       const int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
       auto ours = [&] {  // mha's kernel as the dispatch calls it (a weight gradient with n > m as its transpose)

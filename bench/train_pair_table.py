@@ -39,9 +39,11 @@ def mib_of(runs):
 
 
 def percents(peak, *kinds):
-    """Each kind's median GFLOP/s as a percentage of peak, joined by " / "."""
-    return " / ".join(f"{100 * statistics.median(r['gflops'] for r in runs) / peak:.0f}" if runs else "—"
-                      for runs in kinds)
+    """Each kind's median GFLOP/s as a percentage of peak (None: not measured), joined by " / "."""
+    def one(runs):
+        flops = [r["gflops"] for r in runs if "gflops" in r]
+        return f"{100 * statistics.median(flops) / peak:.0f}" if flops and peak else "—"
+    return " / ".join(one(runs) for runs in kinds)
 
 
 def ratio(numerators, denominators):
@@ -78,8 +80,11 @@ def table(lines):
             if not mha or not torch:
                 continue
             copy = [r["copy_gbs"] for r in mha if "copy_gbs" in r]
-            peak = statistics.median(r["peak_gflops"] for r in mha)
-            share = f"{percents(peak, mha)} ({span([r['percent_of_peak'] for r in mha])}) / {percents(peak, torch, layers)}%"
+            peaks = [r["peak_gflops"] for r in mha if "peak_gflops" in r]
+            peak = statistics.median(peaks) if peaks else None
+            measured = [r["percent_of_peak"] for r in mha if "percent_of_peak" in r]
+            share = (f"{percents(peak, mha)} ({span(measured) if measured else '—'}) / "
+                     f"{percents(peak, torch, layers)}%")
             out.append(f"| {config} | {core} | {tokens_of(mha)} | {tokens_of(torch)} | {ratio(mha, torch)} | {tokens_of(layers)} | "
                        f"{ratio(layers, torch)} | {share} | "
                        f"{span(copy, 1) if copy else '—'} | {mib_of(mha)} / {mib_of(torch)} / {mib_of(layers)} |")

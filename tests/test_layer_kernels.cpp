@@ -316,7 +316,9 @@ TEST_P(LayerKernels, SgemmMatchesReference) {
                          {21, 35, 1300},  // a transposed A's K blocks: 1024 + 276 (AMD's AVX-512) or 512 + 512 + 276
                          // whole panels, narrow strides: a transposed A read in place (reads_in_place), with a
                          // last group of 1 (37 rows) or 10 and 4 rows (130: 12- and 6-row groups), and none
-                         {37, 64, 1300}, {130, 96, 300}, {24, 32, 7}})
+                         {37, 64, 1300}, {130, 96, 300}, {24, 32, 7},
+                         // the skinny tiles (tb, m <= 16) of every count of rows left (cpu/skinny.h): 2, 3, 4 + 3
+                         {2, 37, 300}, {3, 29, 17}, {7, 50, 33}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}})

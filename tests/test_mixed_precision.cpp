@@ -153,7 +153,7 @@ TEST(Bf16Gemm, MatchesFloat64SumsOfTheOperandsAtOddSizesOnEveryIsa) {
   if (__builtin_cpu_supports("avx512bf16"))
     check_bf16_products("gemm_bf16_avx512", [](auto... args) { cpu::gemm_bf16_avx512(args...); },
                         {{1, 1, 1}, {7, 13, 6}, {33, 17, 65}, {4, 3, 0}, {130, 530, 401}, {401, 37, 65}, {13, 70, 4201},
-                         {5, 300, 101}, {9, 21, 75}, {16, 5, 64}});
+                         {5, 300, 101}, {9, 21, 75}, {16, 5, 64}, {2, 37, 70}, {3, 29, 45}, {6, 50, 33}});
   // AMX: one tile (16), a block (32), past a work item (128 × 256) and a
   // chunk of 256 pairs (k > 512), odd everywhere.
   if (cpu::amx_bf16_usable())

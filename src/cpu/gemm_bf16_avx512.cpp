@@ -33,6 +33,7 @@
 #include "cpu/gemm_bf16_scaled.h"
 #include "cpu/scratch.h"
 #include "cpu/simd/unroll.h"
+#include "cpu/skinny.h"
 
 namespace mha::cpu {
 
@@ -231,27 +232,28 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* 
 }
 
 // A product with few rows against a transposed B (C = op(A)·Wᵀ, W n × k
-// along k: a Linear layer's decoding step) by dot products along k, as
-// sgemm_kernel.h's skinny path: each W row read once for all rows of A, no
-// packing. Blocks of 4 rows × 4 columns, 16 accumulators; each step takes
+// along k: a Linear layer's decoding step) by dot products along k
+// (cpu/skinny.h), as sgemm_kernel.h's float32 tiles: each W row read once
+// for all rows of A, no packing, in SkinnyShape32's tiles. Each step takes
 // 32 elements of k (one vector of pairs), the last step masked (zeros add
 // nothing).
 
-void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows,
-                  int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
-  __m512 acc[4][4];
+template <int R, int C>
+void skinny_tile(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows, int64_t cols,
+                 float alpha, float beta, float* c, int64_t ldc, const float* bias) {
+  __m512 acc[R][C];
   MHA_UNROLL for (auto& row : acc)
     MHA_UNROLL for (__m512& x : row) x = _mm512_setzero_ps();
-  const uint16_t* ar[4];
-  const uint16_t* wr[4];
-  MHA_UNROLL for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
-  MHA_UNROLL for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
+  const uint16_t* ar[R];
+  const uint16_t* wr[C];
+  tile_operands(a, lda, rows, ar);
+  tile_operands(w, ldw, cols, wr);
   const auto step = [&](int64_t kk, auto load) {
-    __m512bh av[4], wv[4];
-    MHA_UNROLL for (int r = 0; r < 4; ++r) av[r] = (__m512bh)load(ar[r] + kk);
-    MHA_UNROLL for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)load(wr[j] + kk);
-    MHA_UNROLL for (int r = 0; r < 4; ++r)
-      MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], wv[j]);
+    __m512bh av[R], wv[C];
+    MHA_UNROLL for (int r = 0; r < R; ++r) av[r] = (__m512bh)load(ar[r] + kk);
+    MHA_UNROLL for (int j = 0; j < C; ++j) wv[j] = (__m512bh)load(wr[j] + kk);
+    MHA_UNROLL for (int r = 0; r < R; ++r)
+      MHA_UNROLL for (int j = 0; j < C; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], wv[j]);
   };
   // Plain loads but for the last step: a masked 16-bit load (vmovdqu16 with
   // a mask) halved the loop's rate on Zen 5, 3.8 against 1.8 ms for a
@@ -262,27 +264,17 @@ void skinny_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw
     const __mmask32 lanes = __mmask32((uint64_t(1) << (k - kk)) - 1);
     step(kk, [lanes](const uint16_t* p) { return _mm512_maskz_loadu_epi16(lanes, p); });
   }
-  // The tile's elements by constant indices (a run-time index would keep
-  // acc on the stack, zeroed and stored there around the loop).
-  MHA_UNROLL for (int r = 0; r < 4; ++r)
-    MHA_UNROLL for (int j = 0; j < 4; ++j) {
-      if (r >= rows || j >= cols) continue;
-      const float dot = alpha * _mm512_reduce_add_ps(acc[r][j]);
-      float* out = c + r * ldc + j;
-      *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);
-    }
+  store_dot_tile(acc, [](__m512 v) { return _mm512_reduce_add_ps(v); }, rows, cols, alpha, beta, c, ldc, bias);
 }
 
 void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* w,
                     int64_t ldw, float beta, float* c, int64_t ldc, const float* bias) {
-  const int64_t col_blocks = (n + 3) / 4;
-#pragma omp parallel for schedule(static) if (m * n * k > (int64_t(1) << 17) && col_blocks > 1)
-  for (int64_t jb = 0; jb < col_blocks; ++jb) {
-    const int64_t j0 = jb * 4, cols = min64(4, n - j0);
-    for (int64_t r0 = 0; r0 < m; r0 += 4)
-      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc,
-                   bias ? bias + j0 : nullptr);
-  }
+  const auto tile = [&](int64_t r0, int64_t j0, auto tile_rows, auto width, int64_t rows, int64_t cols) {
+    skinny_tile<decltype(tile_rows)::value, decltype(width)::value>(a + r0 * lda, lda, w + j0 * ldw, ldw, k, rows,
+                                                                    cols, alpha, beta, c + r0 * ldc + j0, ldc,
+                                                                    bias ? bias + j0 : nullptr);
+  };
+  over_dot_tiles<SkinnyShape32>(m, n, k, tile);
 }
 
 }  // namespace
@@ -296,7 +288,7 @@ void interleave_pairs_avx512(const uint16_t* even, const uint16_t* odd, int64_t 
   for (int64_t j = 0; j < n; j += 2 * kLanes) {
     const int64_t here = min64(2 * kLanes, n - j);
     const __mmask32 lanes = here == 2 * kLanes ? ~__mmask32(0) : __mmask32((uint64_t(1) << here) - 1);
-    const auto load = [&](const uint16_t* p) {  // plain where whole (skinny_block says why)
+    const auto load = [&](const uint16_t* p) {  // plain where whole (skinny_tile says why)
       return here == 2 * kLanes ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(lanes, p);
     };
     const __m512i e = load(even + j), o = odd ? load(odd + j) : _mm512_setzero_si512();

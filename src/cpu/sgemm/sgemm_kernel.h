@@ -44,6 +44,7 @@
 #include "cpu/flash/micro_tile.h"
 #include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
+#include "cpu/skinny.h"
 
 namespace mha::cpu::MHA_ISA_NAMESPACE {
 
@@ -196,56 +197,46 @@ inline void group_into(bool row_major, bool accumulate, int64_t here, int64_t wi
 
 // A product with few rows against a transposed B — C = op(A)·Wᵀ with W (n × k)
 // rows along k, as a Linear layer computes for one decoding step — by dot
-// products along k: each W row is read once, from memory, for every row of
-// A (in L1), with no packing (which costs as much as the product when A has
-// a handful of rows). Blocks of 4 rows × 4 columns: 16 accumulators, 8 loads
-// per 16 FMAs. For products of at most kSkinnyRows rows (sgemm.h).
-inline void skinny_block(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t k, int64_t rows,
-                         int64_t cols, float alpha, float beta, float* c, int64_t ldc, const float* bias) {
-  Vec acc[4][4];
-  MHA_UNROLL for (int r = 0; r < 4; ++r)
-    MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = Vec::zero();
-  const float* ar[4];
-  const float* wr[4];
-  MHA_UNROLL for (int r = 0; r < 4; ++r) ar[r] = a + (r < rows ? r : 0) * lda;
-  MHA_UNROLL for (int j = 0; j < 4; ++j) wr[j] = w + (j < cols ? j : 0) * ldw;
+// products along k (cpu/skinny.h, which has the tiles' shapes): each W row
+// is read once, from memory, for every row of A (in L1), with no packing
+// (which costs as much as the product when A has a handful of rows).
+#if defined(MHA_SIMD_AVX512)
+using SkinnyShape = SkinnyShape32;
+#else
+using SkinnyShape = SkinnyShape16;
+#endif
+
+template <int R, int C>
+inline void skinny_tile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t k, int64_t rows, int64_t cols,
+                        float alpha, float beta, float* c, int64_t ldc, const float* bias) {
+  Vec acc[R][C];
+  MHA_UNROLL for (int r = 0; r < R; ++r)
+    MHA_UNROLL for (int j = 0; j < C; ++j) acc[r][j] = Vec::zero();
+  const float* ar[R];
+  const float* wr[C];
+  tile_operands(a, lda, rows, ar);
+  tile_operands(w, ldw, cols, wr);
+  const auto step = [&](int64_t kk, auto load) {
+    Vec av[R], wv[C];
+    MHA_UNROLL for (int r = 0; r < R; ++r) av[r] = load(ar[r] + kk);
+    MHA_UNROLL for (int j = 0; j < C; ++j) wv[j] = load(wr[j] + kk);
+    MHA_UNROLL for (int r = 0; r < R; ++r)
+      MHA_UNROLL for (int j = 0; j < C; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
+  };
   int64_t kk = 0;
-  for (; kk + W <= k; kk += W) {
-    Vec av[4], wv[4];
-    MHA_UNROLL for (int r = 0; r < 4; ++r) av[r] = Vec::load(ar[r] + kk);
-    MHA_UNROLL for (int j = 0; j < 4; ++j) wv[j] = Vec::load(wr[j] + kk);
-    MHA_UNROLL for (int r = 0; r < 4; ++r)
-      MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
-  }
-  if (kk < k) {
-    const int n = int(k - kk);
-    Vec av[4], wv[4];
-    MHA_UNROLL for (int r = 0; r < 4; ++r) av[r] = Vec::load_partial(ar[r] + kk, n);
-    MHA_UNROLL for (int j = 0; j < 4; ++j) wv[j] = Vec::load_partial(wr[j] + kk, n);
-    MHA_UNROLL for (int r = 0; r < 4; ++r)
-      MHA_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = fma(av[r], wv[j], acc[r][j]);
-  }
-  // The tile's elements by constant indices (a run-time index would keep
-  // acc on the stack, zeroed and stored there around the loop).
-  MHA_UNROLL for (int r = 0; r < 4; ++r)
-    MHA_UNROLL for (int j = 0; j < 4; ++j) {
-      if (r >= rows || j >= cols) continue;
-      const float dot = alpha * reduce_add(acc[r][j]);
-      float* out = c + r * ldc + j;
-      *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);
-    }
+  for (; kk + W <= k; kk += W) step(kk, [](const float* p) { return Vec::load(p); });
+  if (kk < k) step(kk, [n = int(k - kk)](const float* p) { return Vec::load_partial(p, n); });
+  store_dot_tile(acc, [](Vec v) { return reduce_add(v); }, rows, cols, alpha, beta, c, ldc, bias);
 }
 
 inline void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* w,
                            int64_t ldw, float beta, float* c, int64_t ldc, const float* bias) {
-  const int64_t col_blocks = (n + 3) / 4;
-#pragma omp parallel for schedule(static) if (m * n * k > (int64_t(1) << 17) && col_blocks > 1)
-  for (int64_t jb = 0; jb < col_blocks; ++jb) {
-    const int64_t j0 = jb * 4, cols = min64(4, n - j0);
-    for (int64_t r0 = 0; r0 < m; r0 += 4)
-      skinny_block(a + r0 * lda, lda, w + j0 * ldw, ldw, k, min64(4, m - r0), cols, alpha, beta, c + r0 * ldc + j0, ldc,
-                   bias ? bias + j0 : nullptr);
-  }
+  const auto tile = [&](int64_t r0, int64_t j0, auto tile_rows, auto width, int64_t rows, int64_t cols) {
+    skinny_tile<decltype(tile_rows)::value, decltype(width)::value>(a + r0 * lda, lda, w + j0 * ldw, ldw, k, rows,
+                                                                    cols, alpha, beta, c + r0 * ldc + j0, ldc,
+                                                                    bias ? bias + j0 : nullptr);
+  };
+  over_dot_tiles<SkinnyShape>(m, n, k, tile);
 }
 
 // Whether a product reads op(A) and op(B) where they lie instead of packing
