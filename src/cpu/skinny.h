@@ -46,17 +46,17 @@ template <int R, int C, class V, class Sum>
 // written), cols<left> columns wide. Measured on Zen 5, 2 threads, in
 // GFLOP/s, against 4 × 4 tiles throughout (the shape before these):
 //   32 vector registers (AVX-512): 4 × 4, and 1 × 8 for m = 1 (one sequence
-//   decoding): 99-103 against 60-88 at n 1024, k 256 and n 256, k 1024; 1 ×
-//   16 ran at 66-69 at k 1024. Two or three rows left take 4 × 4: at m = 2
-//   (n 256, k 1024) tiles of 2 × 4, 2 × 6, 2 × 8 and 2 × 12 ran at
-//   113-116, 115-135, 107-109 and 93-100 against 132-135 for 4 × 4 with two
-//   rows repeated, whose 16 accumulators cover the FMA latency on four rows
-//   of W.
+//   decoding): 74-96 against 57-70 over 4000 calls at n 1024, k 256 and n
+//   256, k 1024 (1 × 16: 66-69 at k 1024). Two or three rows left take
+//   4 × 4: at m = 2 (n 256, k 1024) tiles of 2 × 4, 2 × 6, 2 × 8 and 2 × 12
+//   ran at 113-116, 115-135, 107-109 and 93-100 against 132-135 for 4 × 4
+//   with two rows repeated, whose 16 accumulators cover the FMA latency on
+//   four rows of W.
 //   16 (AVX2): 4 × 3, and exactly the rows left: 3 × 4, 2 × 6, 1 × 12. A
 //   4 × 4 tile spilled two accumulators to the stack and read each W vector
-//   from memory four times (22 loads and 2 stores per 16 FMAs). m = 1: 56-77
-//   against 23-29; m = 2: 114-147 against 58-68; m = 4, 8 and 16: 126-175
-//   against 92-134.
+//   from memory four times (22 loads and 2 stores per 16 FMAs). At the mid
+//   model's shapes (bench_gemm --config decode1, 2, 16): 1 row 62-82 against
+//   23-33, 2 rows 86-114 against 39-55, 16 rows 100-128 against 86-102.
 struct SkinnyShape32 {
   static constexpr int rows = 4;
   template <int R>
