@@ -242,12 +242,8 @@ template <int R, int C>
 void skinny_tile(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw, int64_t k, int64_t rows, int64_t cols,
                  float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   __m512 acc[R][C];
-  MHA_UNROLL for (auto& row : acc)
-    MHA_UNROLL for (__m512& x : row) x = _mm512_setzero_ps();
-  const uint16_t* ar[R];
-  const uint16_t* wr[C];
-  tile_operands(a, lda, rows, ar);
-  tile_operands(w, ldw, cols, wr);
+  fill_tile(acc, _mm512_setzero_ps());
+  const auto ar = tile_operands<R>(a, lda, rows), wr = tile_operands<C>(w, ldw, cols);
   const auto step = [&](int64_t kk, auto load) {
     __m512bh av[R], wv[C];
     MHA_UNROLL for (int r = 0; r < R; ++r) av[r] = (__m512bh)load(ar[r] + kk);

@@ -7,6 +7,7 @@
 // bfloat16); the tiling and the tile's write to C are here.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <type_traits>
@@ -15,11 +16,20 @@
 
 namespace mha::cpu {
 
+// Every accumulator of a tile set to x.
+template <int R, int C, class V>
+[[gnu::always_inline]] inline void fill_tile(V (&acc)[R][C], V x) {
+  MHA_UNROLL for (int r = 0; r < R; ++r)
+    MHA_UNROLL for (int j = 0; j < C; ++j) acc[r][j] = x;
+}
+
 // The N rows of a tile, stride apart from base; those past the first
 // `valid` repeat the first (computed, not written).
 template <int N, class T>
-[[gnu::always_inline]] inline void tile_operands(const T* base, int64_t stride, int64_t valid, const T* (&rows)[N]) {
+[[gnu::always_inline]] inline std::array<const T*, N> tile_operands(const T* base, int64_t stride, int64_t valid) {
+  std::array<const T*, N> rows;
   MHA_UNROLL for (int i = 0; i < N; ++i) rows[i] = base + (i < valid ? i : 0) * stride;
+  return rows;
 }
 
 // Writes the first rows × cols of an R × C tile of dot products to C: each

@@ -210,12 +210,8 @@ template <int R, int C>
 inline void skinny_tile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t k, int64_t rows, int64_t cols,
                         float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   Vec acc[R][C];
-  MHA_UNROLL for (int r = 0; r < R; ++r)
-    MHA_UNROLL for (int j = 0; j < C; ++j) acc[r][j] = Vec::zero();
-  const float* ar[R];
-  const float* wr[C];
-  tile_operands(a, lda, rows, ar);
-  tile_operands(w, ldw, cols, wr);
+  fill_tile(acc, Vec::zero());
+  const auto ar = tile_operands<R>(a, lda, rows), wr = tile_operands<C>(w, ldw, cols);
   const auto step = [&](int64_t kk, auto load) {
     Vec av[R], wv[C];
     MHA_UNROLL for (int r = 0; r < R; ++r) av[r] = load(ar[r] + kk);
