@@ -243,7 +243,8 @@ void skinny_tile(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw,
                  float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   __m512 acc[R][C];
   fill_tile(acc, _mm512_setzero_ps());
-  const auto ar = tile_operands<R>(a, lda, rows), wr = tile_operands<C>(w, ldw, cols);
+  const auto ar = tile_operands<R>(a, lda, rows);
+  const auto wr = tile_operands<C>(w, ldw, cols);
   const auto step = [&](int64_t kk, auto load) {
     __m512bh av[R], wv[C];
     MHA_UNROLL for (int r = 0; r < R; ++r) av[r] = (__m512bh)load(ar[r] + kk);

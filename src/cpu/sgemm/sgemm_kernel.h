@@ -211,7 +211,8 @@ inline void skinny_tile(const float* a, int64_t lda, const float* w, int64_t ldw
                         float alpha, float beta, float* c, int64_t ldc, const float* bias) {
   Vec acc[R][C];
   fill_tile(acc, Vec::zero());
-  const auto ar = tile_operands<R>(a, lda, rows), wr = tile_operands<C>(w, ldw, cols);
+  const auto ar = tile_operands<R>(a, lda, rows);
+  const auto wr = tile_operands<C>(w, ldw, cols);
   const auto step = [&](int64_t kk, auto load) {
     Vec av[R], wv[C];
     MHA_UNROLL for (int r = 0; r < R; ++r) av[r] = load(ar[r] + kk);
