@@ -19,6 +19,7 @@
 #include "cpu/fma_rate.h"
 #include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
+#include "cpu/transpose.h"
 #include "mha/errors.h"
 
 namespace mha::cpu {
@@ -268,7 +269,7 @@ bool as_transpose(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   float* t = static_cast<float*>(thread_scratch_bytes(ScratchSlot::gemm_t, n * m * int64_t(sizeof(float))));
   product(t);  // Cᵀ, n × m, row stride m
   // C (+)= Tᵀ in 16 × 16 blocks: a block's 16 rows of T (16 lines) are read
-  // across while 16 rows of C are written down.
+  // across while 16 rows of C are written down, 4 × 4 at a time in registers.
   constexpr int64_t kBlock = 16;
   const int64_t blocks = (m + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (m * n >= (int64_t(1) << 15) && !omp_in_parallel())
@@ -276,13 +277,10 @@ bool as_transpose(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     const int64_t i0 = ib * kBlock, i1 = std::min(m, i0 + kBlock);
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t j1 = std::min(n, j0 + kBlock);
-      for (int64_t i = i0; i < i1; ++i) {
-        float* row = c + i * ldc;
-        if (beta == 0.0f)
-          for (int64_t j = j0; j < j1; ++j) row[j] = t[j * m + i];
-        else
-          for (int64_t j = j0; j < j1; ++j) row[j] += t[j * m + i];
-      }
+      const float* from = t + j0 * m + i0;
+      float* to = c + i0 * ldc + j0;
+      if (beta == 0.0f) transpose_block<false>(from, m, j1 - j0, i1 - i0, to, ldc);
+      else transpose_block<true>(from, m, j1 - j0, i1 - i0, to, ldc);
     }
   }
   return true;

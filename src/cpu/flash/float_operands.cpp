@@ -2,9 +2,8 @@
 #include "cpu/flash/float_operands.h"
 
 #include <type_traits>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
+
+#include "cpu/transpose.h"
 
 namespace mha::cpu {
 
@@ -40,35 +39,16 @@ void store_rows(const float* src, int64_t rows, int64_t width, bfloat16* dst, in
     for (int64_t x = 0; x < width; ++x) dst[i * row + x] = bfloat16(src[i * width + x]);
 }
 
-// Float32 rows along e (col = 1) go four rows by four elements at a time,
-// transposed in SSE registers (baseline x86-64): element by element, the
-// copy down qt's columns took 7% of the backward at L = 131, E = 32 (one
-// load and one store per float, each row of Q read once per e).
+// Float32 rows along e (col = 1) go by 4 × 4 blocks transposed in registers
+// (cpu/transpose.h): element by element, the copy down qt's columns took 7%
+// of the backward at L = 131, E = 32 (one load and one store per float, each
+// row of Q read once per e).
 void pack_transposed(const Loader& src, int64_t base, int64_t row, int64_t col, int64_t i0, int64_t rows,
                      int64_t E, int64_t br, float* qt) {
   src.typed(base + i0 * row, [&](const auto* first) {
     int64_t done = 0;  // rows transposed by blocks
-#if defined(__SSE__)
-    if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(first)>>, float>) {
-      if (col == 1) {
-        for (; done + 4 <= rows; done += 4) {
-          const float* r = first + done * row;
-          int64_t e = 0;
-          for (; e + 4 <= E; e += 4) {
-            __m128 a = _mm_loadu_ps(r + e), b = _mm_loadu_ps(r + row + e);
-            __m128 c = _mm_loadu_ps(r + 2 * row + e), d = _mm_loadu_ps(r + 3 * row + e);
-            _MM_TRANSPOSE4_PS(a, b, c, d);
-            _mm_storeu_ps(qt + e * br + done, a);
-            _mm_storeu_ps(qt + (e + 1) * br + done, b);
-            _mm_storeu_ps(qt + (e + 2) * br + done, c);
-            _mm_storeu_ps(qt + (e + 3) * br + done, d);
-          }
-          for (; e < E; ++e)
-            for (int64_t i = 0; i < 4; ++i) qt[e * br + done + i] = r[i * row + e];
-        }
-      }
-    }
-#endif
+    if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(first)>>, float>)
+      if (col == 1) transpose_block(first, row, rows, E, qt, br), done = rows;
     for (int64_t e = 0; e < E; ++e) {
       float* dst = qt + e * br;
       for (int64_t i = done; i < rows; ++i) dst[i] = float(first[i * row + e * col]);

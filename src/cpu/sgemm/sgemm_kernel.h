@@ -45,6 +45,7 @@
 #include "cpu/scratch.h"
 #include "cpu/sgemm/sgemm.h"
 #include "cpu/skinny.h"
+#include "cpu/transpose.h"
 
 namespace mha::cpu::MHA_ISA_NAMESPACE {
 
@@ -299,15 +300,13 @@ inline void pack_b(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, i
       const int64_t j0 = p * kPanel, width = min64(kPanel, n - j0);
       float* panel = packed + p * k * kPanel;
       // B is n × k: its rows along k, read 64 at a time so that the packed rows
-      // written (64 × kPanel floats) stay in L1 while `width` source rows pass.
+      // written (64 × kPanel floats) stay in L1 while `width` source rows pass,
+      // in 4 × 4 blocks transposed in registers.
       if (width < kPanel)
         for (int64_t kk = 0; kk < k; ++kk)
           for (int64_t j = width; j < kPanel; ++j) panel[kk * kPanel + j] = 0.0f;
-      for (int64_t k0 = 0; k0 < k; k0 += 64) {
-        const int64_t k1 = min64(k, k0 + 64);
-        for (int64_t j = 0; j < width; ++j)
-          for (int64_t kk = k0; kk < k1; ++kk) panel[kk * kPanel + j] = b[(j0 + j) * ldb + kk];
-      }
+      for (int64_t k0 = 0; k0 < k; k0 += 64)
+        transpose_block(b + j0 * ldb + k0, ldb, width, min64(k, k0 + 64) - k0, panel + k0 * kPanel, kPanel);
     }
   }
 }
