@@ -12,6 +12,10 @@
 #include <numeric>
 #include <type_traits>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "cpu/simd/unroll.h"
 
 namespace mha::cpu {
@@ -33,21 +37,59 @@ template <int N, class T>
 }
 
 // Writes the first rows × cols of an R × C tile of dot products to C: each
-// element alpha · sum(acc[r][j]) (sum adds a vector's lanes), plus beta · C
-// (C not read for beta = 0), plus bias[j]. The tile is read by constant
-// indices: a run-time index keeps acc on the stack, zeroed and stored there
-// around the kernel's loop.
-template <int R, int C, class V, class Sum>
-[[gnu::always_inline]] inline void store_dot_tile(const V (&acc)[R][C], Sum sum, int64_t rows, int64_t cols,
-                                                  float alpha, float beta, float* c, int64_t ldc, const float* bias) {
+// element alpha · sum(r, j) (the dot product of tile row r and column j),
+// plus beta · C (C not read for beta = 0), plus bias[j]. The tile is read by
+// constant indices: a run-time index keeps the accumulators on the stack,
+// zeroed and stored there around the kernel's loop.
+template <int R, int C, class Sum>
+[[gnu::always_inline]] inline void store_dot_tile(Sum sum, int64_t rows, int64_t cols, float alpha, float beta,
+                                                  float* c, int64_t ldc, const float* bias) {
   MHA_UNROLL for (int r = 0; r < R; ++r)
     MHA_UNROLL for (int j = 0; j < C; ++j) {
       if (r >= rows || j >= cols) continue;
-      const float dot = alpha * sum(acc[r][j]);
+      const float dot = alpha * sum(r, j);
       float* out = c + r * ldc + j;
       *out = (beta == 0.0f ? dot : dot + beta * *out) + (bias ? bias[j] : 0.0f);
     }
 }
+
+#if defined(__AVX512F__)
+// The sums of sixteen vectors' lanes in one vector, lane q holding a[q]'s,
+// added as a tree: halves of a pair side by side (8 vectors), then quarters
+// (4), pairs of lanes (2) and lanes (1), two shuffles and an add a step, 45
+// instructions where sixteen reductions of one vector take eight each.
+// With a[q] = tile element (q mod 4, q / 4), lane 4r + j holds element (r, j).
+[[gnu::always_inline]] inline __m512 sums16(const __m512 (&a)[16]) {
+  __m512 s[8], t[4];
+  // s[i]: 128-bit lanes 0 and 1 a[2i]'s halves added, 2 and 3 a[2i + 1]'s.
+  MHA_UNROLL for (int i = 0; i < 8; ++i)
+    s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  // t[i]: 128-bit lane l four partial sums of a[4i + l].
+  MHA_UNROLL for (int i = 0; i < 4; ++i)
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xDD));
+  // u[h], lane l: two partial sums each of a[8h + l] and a[8h + 4 + l], interleaved.
+  const __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
+  const __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
+  // Lane l, element e: a[4e + l] whole, at position 4l + e.
+  return _mm512_add_ps(_mm512_shuffle_ps(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// store_dot_tile for a 4 × 4 tile of 512-bit accumulators (raw(acc[r][j])
+// the __m512 of each), its sums by sums16.
+template <class V, class Raw>
+[[gnu::always_inline]] inline void store_dot_tile16(const V (&acc)[4][4], Raw raw, int64_t rows, int64_t cols,
+                                                    float alpha, float beta, float* c, int64_t ldc,
+                                                    const float* bias) {
+  __m512 a[16];
+  MHA_UNROLL for (int q = 0; q < 16; ++q) a[q] = raw(acc[q % 4][q / 4]);
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, sums16(a));
+  store_dot_tile<4, 4>([&](int r, int j) { return sums[4 * r + j]; }, rows, cols, alpha, beta, c, ldc, bias);
+}
+#endif
 
 // The tiles' shapes. A tile of R rows × C columns of C holds R·C
 // accumulators and loads R + C vectors per R·C FMAs (or dot-product
