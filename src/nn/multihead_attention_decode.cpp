@@ -71,7 +71,7 @@ Tensor attend_rows(const MultiheadAttention& m, const Tensor& x, int64_t positio
     if (H > 0) {
       project<T, T>(xc.data<T>(), xs, wq, b, I, q.data<T>());
       if (c.rotary_base) rotate_rows(q, H, hd, 0, xs.L, position, *c.rotary_base);
-      split_heads(heads, H, hd).copy_(attention_forward(split_heads(q, H, hd), keys, values, options).out);
+      attention_forward_into(split_heads(heads, H, hd), split_heads(q, H, hd), keys, values, options);
       if (m.head_gates().defined()) gate_heads(heads, m.head_gates());
     }
     project_out<T, T>(heads.data<T>(), I, xs, m.out_proj_weight.data<T>(), ptr_or_null<T>(m.out_proj_bias),
@@ -146,10 +146,9 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const
       // The new keys and values become the cache's rows past … S − 1.
       cache.key.slice(1, past, S).copy_(k);
       cache.value.slice(1, past, S).copy_(v);
-      const AttentionOutput a =
-          attention_forward(split_heads(as_operand<A>(q), H, hd), split_heads(cache.key, H, hd).slice(2, 0, S),
-                            split_heads(cache.value, H, hd).slice(2, 0, S), options);
-      split_heads(heads, H, hd).copy_(a.out);
+      attention_forward_into(split_heads(heads, H, hd), split_heads(as_operand<A>(q), H, hd),
+                             split_heads(cache.key, H, hd).slice(2, 0, S),
+                             split_heads(cache.value, H, hd).slice(2, 0, S), options);
       if (head_gate_.defined()) gate_heads(heads, head_gate_);
     }
     project_out<T, A>(heads.data<A>(), I, layout_of(x.shape(), c.batch_first), w[3].data<A>(),
