@@ -12,10 +12,7 @@
 #include <numeric>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+#include "cpu/simd/sums16.h"
 #include "cpu/simd/unroll.h"
 
 namespace mha::cpu {
@@ -54,29 +51,6 @@ template <int R, int C, class Sum>
 }
 
 #if defined(__AVX512F__)
-// The sums of sixteen vectors' lanes in one vector, lane q holding a[q]'s,
-// added as a tree: halves of a pair side by side (8 vectors), then quarters
-// (4), pairs of lanes (2) and lanes (1), two shuffles and an add a step, 45
-// instructions where sixteen reductions of one vector take eight each.
-// With a[q] = tile element (q mod 4, q / 4), lane 4r + j holds element (r, j).
-[[gnu::always_inline]] inline __m512 sums16(const __m512 (&a)[16]) {
-  __m512 s[8], t[4];
-  // s[i]: 128-bit lanes 0 and 1 a[2i]'s halves added, 2 and 3 a[2i + 1]'s.
-  MHA_UNROLL for (int i = 0; i < 8; ++i)
-    s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  // t[i]: 128-bit lane l four partial sums of a[4i + l].
-  MHA_UNROLL for (int i = 0; i < 4; ++i)
-    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xDD));
-  // u[h], lane l: two partial sums each of a[8h + l] and a[8h + 4 + l], interleaved.
-  const __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
-  const __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
-  // Lane l, element e: a[4e + l] whole, at position 4l + e.
-  return _mm512_add_ps(_mm512_shuffle_ps(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
-                       _mm512_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
-}
-
 // store_dot_tile for a 4 × 4 tile of 512-bit accumulators (raw(acc[r][j])
 // the __m512 of each), its sums by sums16.
 template <class V, class Raw>
