@@ -15,9 +15,13 @@
 
 namespace mha::cpu {
 
+// Both always inlined: each instruction set's kernels include this file, and
+// an out-of-line copy built for one of them (say with AVX-512 encodings) may
+// be the one the linker keeps for all.
+
 // dst[c·dst_row + r] = src[r·src_row + c] for r, c < 4 (kAdd: +=).
 template <bool kAdd = false>
-inline void transpose4x4(const float* src, int64_t src_row, float* dst, int64_t dst_row) {
+[[gnu::always_inline]] inline void transpose4x4(const float* src, int64_t src_row, float* dst, int64_t dst_row) {
 #if defined(__SSE__)
   __m128 a = _mm_loadu_ps(src), b = _mm_loadu_ps(src + src_row);
   __m128 c = _mm_loadu_ps(src + 2 * src_row), d = _mm_loadu_ps(src + 3 * src_row);
@@ -39,7 +43,7 @@ inline void transpose4x4(const float* src, int64_t src_row, float* dst, int64_t 
 // dst[c·dst_row + r] (kAdd: +=) src[r·src_row + c] for r < rows, c < cols:
 // whole 4 × 4 blocks by transpose4x4, the edges element by element.
 template <bool kAdd = false>
-inline void transpose_block(const float* src, int64_t src_row, int64_t rows, int64_t cols, float* dst,
+[[gnu::always_inline]] inline void transpose_block(const float* src, int64_t src_row, int64_t rows, int64_t cols, float* dst,
                             int64_t dst_row) {
   const auto one = [&](int64_t r, int64_t c) {
     float& out = dst[c * dst_row + r];
