@@ -14,6 +14,7 @@
 #include "cpu/layers/layers.h"
 #include "cpu/reference/layers.h"
 #include "cpu/sgemm/sgemm.h"
+#include "cpu/transpose.h"
 #include "finite.h"
 #include "testing.h"
 
@@ -434,6 +435,30 @@ TEST(Gemm, SplitOverThreadsMatchesReference) {
             for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
               for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i * ldc + j)]));
           }
+}
+
+// transpose_block (the packing of a transposed B, C plus a product's
+// transpose, the attention's query tiles) against the copy element by
+// element: whole 4 × 4 blocks, partial ones at every edge (rows and columns
+// 1 to 9), strides past the extents, writing and adding; what lies between
+// the destination's rows untouched.
+TEST(Transpose, BlocksMatchTheCopyElementByElement) {
+  for (int64_t rows = 1; rows <= 9; ++rows)
+    for (int64_t cols = 1; cols <= 9; ++cols)
+      for (bool add : {false, true}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + (add ? " added" : ""));
+        const int64_t src_row = cols + 3, dst_row = rows + 2;
+        const std::vector<float> src = random_floats(size_t(rows * src_row), 31);
+        std::vector<float> dst = random_floats(size_t(cols * dst_row), 32), want = dst;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            float& out = want[size_t(c * dst_row + r)];
+            out = add ? out + src[size_t(r * src_row + c)] : src[size_t(r * src_row + c)];
+          }
+        if (add) cpu::transpose_block<true>(src.data(), src_row, rows, cols, dst.data(), dst_row);
+        else cpu::transpose_block<false>(src.data(), src_row, rows, cols, dst.data(), dst_row);
+        for (size_t i = 0; i < dst.size(); ++i) ASSERT_EQ(dst[i], want[i]) << "element " << i;
+      }
 }
 
 // Which CPUs keep OpenBLAS: its AVX-512 sets for the weight gradients beside
