@@ -14,17 +14,29 @@
 
 namespace mha {
 
+// The offset is carried from entry to entry as the output index counts up:
+// in each dim the source index i / g (g = N / n) steps by one stride each
+// time the count within its group reaches g, and goes back to 0 when the
+// output index does. Two divisions per dim and entry, which decoding's small
+// models paid on every attention call (3.5% of a step at small), become one
+// per dim.
 std::vector<int64_t> batch_offsets(const Shape& batch_shape, const Shape& shape, const Shape& strides) {
   const size_t nb = batch_shape.size(), lead = nb - shape.size();
   std::vector<int64_t> offsets(size_t(shape_numel(batch_shape)), 0);
-  std::vector<int64_t> index(nb, 0);
+  if (offsets.empty()) return offsets;
+  // Dims before `lead` are not the source's: one group as wide as the dim, stride 0.
+  std::vector<int64_t> group(batch_shape.begin(), batch_shape.end()), stride(nb, 0), index(nb, 0), within(nb, 0);
+  for (size_t d = lead; d < nb; ++d) group[d] = batch_shape[d] / shape[d - lead], stride[d] = strides[d - lead];
+  int64_t o = 0;
   for (size_t b = 0; b < offsets.size(); ++b) {
-    int64_t o = 0;
-    for (size_t d = lead; d < nb; ++d) o += index[d] / (batch_shape[d] / shape[d - lead]) * strides[d - lead];
     offsets[b] = o;
     for (size_t d = nb; d-- > 0;) {
-      if (++index[d] < batch_shape[d]) break;
-      index[d] = 0;
+      if (++index[d] < batch_shape[d]) {
+        if (++within[d] == group[d]) within[d] = 0, o += stride[d];
+        break;
+      }
+      index[d] = 0, within[d] = 0;
+      o -= (batch_shape[d] / group[d] - 1) * stride[d];  // from the last source index back to 0
     }
   }
   return offsets;
