@@ -261,11 +261,7 @@ void skinny_tile(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t ldw,
     const __mmask32 lanes = __mmask32((uint64_t(1) << (k - kk)) - 1);
     step(kk, [lanes](const uint16_t* p) { return _mm512_maskz_loadu_epi16(lanes, p); });
   }
-  if constexpr (R == 4 && C == 4)
-    store_dot_tile16(acc, [](__m512 v) { return v; }, rows, cols, alpha, beta, c, ldc, bias);
-  else
-    store_dot_tile<R, C>([&](int r, int j) { return _mm512_reduce_add_ps(acc[r][j]); }, rows, cols, alpha, beta, c,
-                         ldc, bias);
+  store_dot_tile(acc, [](__m512 v) { return _mm512_reduce_add_ps(v); }, rows, cols, alpha, beta, c, ldc, bias);
 }
 
 void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* w,

@@ -39,7 +39,7 @@ template <int N, class T>
 // constant indices: a run-time index keeps the accumulators on the stack,
 // zeroed and stored there around the kernel's loop.
 template <int R, int C, class Sum>
-[[gnu::always_inline]] inline void store_dot_tile(Sum sum, int64_t rows, int64_t cols, float alpha, float beta,
+[[gnu::always_inline]] inline void write_dot_tile(Sum sum, int64_t rows, int64_t cols, float alpha, float beta,
                                                   float* c, int64_t ldc, const float* bias) {
   MHA_UNROLL for (int r = 0; r < R; ++r)
     MHA_UNROLL for (int j = 0; j < C; ++j) {
@@ -51,19 +51,31 @@ template <int R, int C, class Sum>
 }
 
 #if defined(__AVX512F__)
-// store_dot_tile for a 4 × 4 tile of 512-bit accumulators (raw(acc[r][j])
-// the __m512 of each), its sums by sums16.
-template <class V, class Raw>
-[[gnu::always_inline]] inline void store_dot_tile16(const V (&acc)[4][4], Raw raw, int64_t rows, int64_t cols,
-                                                    float alpha, float beta, float* c, int64_t ldc,
-                                                    const float* bias) {
-  __m512 a[16];
-  MHA_UNROLL for (int q = 0; q < 16; ++q) a[q] = raw(acc[q % 4][q / 4]);
-  alignas(64) float sums[16];
-  _mm512_store_ps(sums, sums16(a));
-  store_dot_tile<4, 4>([&](int r, int j) { return sums[4 * r + j]; }, rows, cols, alpha, beta, c, ldc, bias);
+// A tile's accumulator as __m512: itself, or the vector type's register.
+[[gnu::always_inline]] inline __m512 as_m512(__m512 v) { return v; }
+template <class V>
+[[gnu::always_inline]] inline __m512 as_m512(const V& v) {
+  return v.v;
 }
 #endif
+
+// write_dot_tile of the tile's accumulators, each summed across its lanes by
+// reduce; a 4 × 4 tile of 512-bit accumulators all sixteen at once by
+// sums16 (in the order reduce_add takes them).
+template <int R, int C, class V, class Reduce>
+[[gnu::always_inline]] inline void store_dot_tile(const V (&acc)[R][C], Reduce reduce, int64_t rows, int64_t cols,
+                                                  float alpha, float beta, float* c, int64_t ldc, const float* bias) {
+#if defined(__AVX512F__)
+  if constexpr (R == 4 && C == 4 && sizeof(V) == sizeof(__m512)) {
+    __m512 a[16];
+    MHA_UNROLL for (int q = 0; q < 16; ++q) a[q] = as_m512(acc[q % 4][q / 4]);
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, sums16(a));
+    return write_dot_tile<4, 4>([&](int r, int j) { return sums[4 * r + j]; }, rows, cols, alpha, beta, c, ldc, bias);
+  }
+#endif
+  write_dot_tile<R, C>([&](int r, int j) { return reduce(acc[r][j]); }, rows, cols, alpha, beta, c, ldc, bias);
+}
 
 // The tiles' shapes. A tile of R rows × C columns of C holds R·C
 // accumulators and loads R + C vectors per R·C FMAs (or dot-product

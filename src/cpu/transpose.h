@@ -15,11 +15,19 @@
 
 namespace mha::cpu {
 
-// Both always inlined: each instruction set's kernels include this file, and
+// All always inlined: each instruction set's kernels include this file, and
 // an out-of-line copy built for one of them (say with AVX-512 encodings) may
 // be the one the linker keeps for all.
 
-// dst[c·dst_row + r] = src[r·src_row + c] for r, c < 4 (kAdd: +=).
+// dst[c·dst_row + r] = src[r·src_row + c] (kAdd: +=), one element.
+template <bool kAdd>
+[[gnu::always_inline]] inline void transpose_one(const float* src, int64_t src_row, float* dst, int64_t dst_row,
+                                                 int64_t r, int64_t c) {
+  float& out = dst[c * dst_row + r];
+  out = kAdd ? out + src[r * src_row + c] : src[r * src_row + c];
+}
+
+// transpose_one for r, c < 4.
 template <bool kAdd = false>
 [[gnu::always_inline]] inline void transpose4x4(const float* src, int64_t src_row, float* dst, int64_t dst_row) {
 #if defined(__SSE__)
@@ -32,32 +40,25 @@ template <bool kAdd = false>
     _mm_storeu_ps(out, kAdd ? _mm_add_ps(_mm_loadu_ps(out), rows[i]) : rows[i]);
   }
 #else
-  for (int64_t c = 0; c < 4; ++c)
-    for (int64_t r = 0; r < 4; ++r) {
-      float& out = dst[c * dst_row + r];
-      out = kAdd ? out + src[r * src_row + c] : src[r * src_row + c];
-    }
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < 4; ++c) transpose_one<kAdd>(src, src_row, dst, dst_row, r, c);
 #endif
 }
 
-// dst[c·dst_row + r] (kAdd: +=) src[r·src_row + c] for r < rows, c < cols:
-// whole 4 × 4 blocks by transpose4x4, the edges element by element.
+// transpose_one for r < rows, c < cols: whole 4 × 4 blocks by transpose4x4,
+// the edges element by element.
 template <bool kAdd = false>
-[[gnu::always_inline]] inline void transpose_block(const float* src, int64_t src_row, int64_t rows, int64_t cols, float* dst,
-                            int64_t dst_row) {
-  const auto one = [&](int64_t r, int64_t c) {
-    float& out = dst[c * dst_row + r];
-    out = kAdd ? out + src[r * src_row + c] : src[r * src_row + c];
-  };
+[[gnu::always_inline]] inline void transpose_block(const float* src, int64_t src_row, int64_t rows, int64_t cols,
+                                                   float* dst, int64_t dst_row) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     int64_t c = 0;
     for (; c + 4 <= cols; c += 4) transpose4x4<kAdd>(src + r * src_row + c, src_row, dst + c * dst_row + r, dst_row);
     for (; c < cols; ++c)
-      for (int64_t i = r; i < r + 4; ++i) one(i, c);
+      for (int64_t i = r; i < r + 4; ++i) transpose_one<kAdd>(src, src_row, dst, dst_row, i, c);
   }
   for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) one(r, c);
+    for (int64_t c = 0; c < cols; ++c) transpose_one<kAdd>(src, src_row, dst, dst_row, r, c);
 }
 
 }  // namespace mha::cpu

@@ -224,11 +224,7 @@ inline void skinny_tile(const float* a, int64_t lda, const float* w, int64_t ldw
   int64_t kk = 0;
   for (; kk + W <= k; kk += W) step(kk, [](const float* p) { return Vec::load(p); });
   if (kk < k) step(kk, [n = int(k - kk)](const float* p) { return Vec::load_partial(p, n); });
-#if defined(MHA_SIMD_AVX512)
-  if constexpr (R == 4 && C == 4)
-    return store_dot_tile16(acc, [](Vec v) { return v.v; }, rows, cols, alpha, beta, c, ldc, bias);
-#endif
-  store_dot_tile<R, C>([&](int r, int j) { return reduce_add(acc[r][j]); }, rows, cols, alpha, beta, c, ldc, bias);
+  store_dot_tile(acc, [](Vec v) { return reduce_add(v); }, rows, cols, alpha, beta, c, ldc, bias);
 }
 
 inline void skinny_product(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* w,
