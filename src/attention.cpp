@@ -25,8 +25,12 @@ std::vector<int64_t> batch_offsets(const Shape& batch_shape, const Shape& shape,
   std::vector<int64_t> offsets(size_t(shape_numel(batch_shape)), 0);
   if (offsets.empty()) return offsets;
   // Dims before `lead` are not the source's: one group as wide as the dim, stride 0.
-  std::vector<int64_t> group(batch_shape.begin(), batch_shape.end()), stride(nb, 0), index(nb, 0), within(nb, 0);
-  for (size_t d = lead; d < nb; ++d) group[d] = batch_shape[d] / shape[d - lead], stride[d] = strides[d - lead];
+  // back[d]: from the last source index to 0, (shape - 1) strides.
+  std::vector<int64_t> group(batch_shape.begin(), batch_shape.end()), stride(nb, 0), back(nb, 0), index(nb, 0),
+      within(nb, 0);
+  for (size_t d = lead; d < nb; ++d)
+    group[d] = batch_shape[d] / shape[d - lead], stride[d] = strides[d - lead],
+    back[d] = (shape[d - lead] - 1) * stride[d];
   int64_t o = 0;
   for (size_t b = 0; b < offsets.size(); ++b) {
     offsets[b] = o;
@@ -35,8 +39,7 @@ std::vector<int64_t> batch_offsets(const Shape& batch_shape, const Shape& shape,
         if (++within[d] == group[d]) within[d] = 0, o += stride[d];
         break;
       }
-      index[d] = 0, within[d] = 0;
-      o -= (batch_shape[d] / group[d] - 1) * stride[d];  // from the last source index back to 0
+      index[d] = 0, within[d] = 0, o -= back[d];
     }
   }
   return offsets;
